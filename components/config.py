@@ -1,0 +1,165 @@
+"""The one typed model of params.yaml, profile materialisation and key-path error reporting.
+
+params.yaml is the resolved config of the active profile (``configs/<profile>.yaml``); DVC tracks its keys
+per stage. ``npr config use PROFILE`` rewrites params.yaml from the profile file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import Field, ValidationError
+
+from components.data.config import SampleOrzConfig
+from components.engine.config import DistillConfig, RejectFilterConfig
+from components.evaluation.config import EvaluateConfig, NightlyConfig
+from components.grading.config import GradingConfig
+from components.models.config import ModelsConfig, SeedConfig
+from components.ops.config import OrchestrationConfig, StorageConfig, TrackingConfig
+from components.settings import StrictModel
+from components.training.config import RLStageConfig, SFTStageConfig
+
+CONFIGS_DIR = Path("configs")
+PARAMS_FILE = Path("params.yaml")
+
+
+class ConfigError(ValueError):
+    """Raised when params.yaml (or a profile, or an override) does not validate; names the key path."""
+
+
+class RunConfig(StrictModel):
+    """Settings shared by all stages of one pipeline run."""
+
+    seed: int = Field(0, ge=0)
+    device: Literal["cpu", "cuda", "auto"] = "cpu"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    torch_threads: int = Field(2, ge=1, le=256)
+    artifacts_dir: str = "artifacts"
+
+
+class PromptConfig(StrictModel):
+    """The instruction files (ours, versioned) and how they are joined to a problem."""
+
+    parallel_instruction: str = "prompts/npr_parallel_v1.txt"
+    sequential_instruction: str = "prompts/sequential_v1.txt"
+    # Separator between the problem text and the instruction inside the user turn.
+    separator: str = "\n\n"
+    system_prompt: str | None = None
+    enable_thinking: bool = False
+
+
+class PipelineConfig(StrictModel):
+    """Everything in params.yaml."""
+
+    profile: str
+    schema_name: Literal["npr", "multiverse", "parallel_r1"] = "npr"
+    run: RunConfig
+    prompts: PromptConfig
+    models: ModelsConfig
+    grading: GradingConfig
+    tracking: TrackingConfig
+    storage: StorageConfig
+    orchestration: OrchestrationConfig
+    sample_orz: SampleOrzConfig
+    seed: SeedConfig
+    npr_zero: RLStageConfig
+    distill: DistillConfig
+    reject_filter: RejectFilterConfig
+    parallel_warmup: SFTStageConfig
+    sequential_warmup: SFTStageConfig
+    papo_rl: RLStageConfig
+    sr_rl: RLStageConfig
+    evaluate: EvaluateConfig
+    nightly: NightlyConfig
+
+    def section_hash(self, *keys: str) -> str:
+        """Stable short hash of some top-level sections (used for stage fingerprints)."""
+        payload = {k: self.model_dump(mode="json")[k] for k in keys}
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _format_errors(err: ValidationError, source: str) -> str:
+    lines = [f"invalid config in {source}:"]
+    for e in err.errors():
+        path = ".".join(str(p) for p in e["loc"])
+        lines.append(f"  {path}: {e['msg']}" + (f" (got {e['input']!r})" if "input" in e and not isinstance(e["input"], dict) else ""))
+    return "\n".join(lines)
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """Parse ``a.b.c=value``; the value is read as YAML so numbers/bools/lists keep their types."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} must look like key.path=value")
+    key, raw = text.split("=", 1)
+    if not key.strip():
+        raise ConfigError(f"override {text!r} has an empty key")
+    return key.strip().split("."), yaml.safe_load(raw)
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply dotted overrides in place; an unknown path is left for validation to reject by name."""
+    for text in overrides:
+        path, value = parse_override(text)
+        node = data
+        for part in path[:-1]:
+            if not isinstance(node.get(part), dict):
+                node[part] = {}
+            node = node[part]
+        node[path[-1]] = value
+    return data
+
+
+def validate_config(data: dict[str, Any], source: str = "<config>") -> PipelineConfig:
+    try:
+        return PipelineConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_format_errors(err, source)) from None
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        raise ConfigError(f"config file {path} does not exist")
+    data = yaml.safe_load(path.read_text())
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a mapping at the top level")
+    return data
+
+
+def profile_path(profile: str) -> Path:
+    path = CONFIGS_DIR / f"{profile}.yaml"
+    if not path.exists():
+        known = sorted(p.stem for p in CONFIGS_DIR.glob("*.yaml"))
+        raise ConfigError(f"unknown profile {profile!r}; known profiles: {', '.join(known)}")
+    return path
+
+
+def load_config(
+    path: Path | str = PARAMS_FILE, profile: str | None = None, overrides: list[str] | None = None
+) -> PipelineConfig:
+    """Load params.yaml, or a profile file when ``profile`` is given, apply overrides, validate."""
+    source = profile_path(profile) if profile else Path(path)
+    data = apply_overrides(read_yaml(source), overrides or [])
+    return validate_config(data, str(source))
+
+
+def materialise_profile(profile: str, overrides: list[str] | None = None, dest: Path = PARAMS_FILE) -> PipelineConfig:
+    """Write the validated profile (plus overrides) to params.yaml; returns the config written."""
+    cfg = load_config(profile=profile, overrides=overrides)
+    text = dump_yaml(cfg)
+    if not dest.exists() or dest.read_text() != text:
+        tmp = dest.with_suffix(".yaml.tmp")
+        tmp.write_text(text)
+        tmp.replace(dest)
+    return cfg
+
+
+def dump_yaml(cfg: PipelineConfig) -> str:
+    header = (
+        f"# Resolved config of profile '{cfg.profile}'. Generated by `npr config use {cfg.profile}` from\n"
+        f"# configs/{cfg.profile}.yaml; edit that file (or pass --set key=value), not this one.\n"
+    )
+    return header + yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False, allow_unicode=True, width=100)

@@ -1,0 +1,140 @@
+"""The pipeline DAG, read from dvc.yaml (the one definition of stages, their inputs and outputs).
+
+Stage functions never hard-code paths: ``npr stage NAME`` hands them a ``StageIO`` built from the stage's
+entry in dvc.yaml. Inputs are keyed by ``<upstream stage>/<name>`` (the path under ``artifacts/``),
+outputs by their name under ``artifacts/<stage>/``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from graphlib import TopologicalSorter
+from pathlib import Path
+
+import yaml
+
+DVC_FILE = Path("dvc.yaml")
+ARTIFACTS = "artifacts"
+
+
+class DagError(ValueError):
+    """dvc.yaml is missing, malformed, or names a stage that does not exist."""
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    name: str
+    cmd: str
+    deps: tuple[str, ...]
+    outs: tuple[str, ...]
+    params: tuple[str, ...]
+    metrics: tuple[str, ...]
+
+    @property
+    def upstream(self) -> tuple[str, ...]:
+        """Stages whose artifacts this stage reads."""
+        ups = []
+        for dep in self.deps:
+            parts = Path(dep).parts
+            if len(parts) >= 3 and parts[0] == ARTIFACTS and parts[1] not in ups:
+                ups.append(parts[1])
+        return tuple(ups)
+
+
+@dataclass
+class StageIO:
+    """Resolved paths for one stage run."""
+
+    stage: str
+    inputs: dict[str, Path] = field(default_factory=dict)
+    outputs: dict[str, Path] = field(default_factory=dict)
+    metrics: Path | None = None
+
+    def input(self, key: str) -> Path:
+        if key not in self.inputs:
+            raise DagError(f"stage {self.stage!r} has no input {key!r} in dvc.yaml; it has {sorted(self.inputs)}")
+        return self.inputs[key]
+
+    def output(self, key: str) -> Path:
+        if key not in self.outputs:
+            raise DagError(f"stage {self.stage!r} has no output {key!r} in dvc.yaml; it has {sorted(self.outputs)}")
+        return self.outputs[key]
+
+    def upstream_output(self, stage: str, name: str) -> Path:
+        """The path of ``artifacts/<stage>/<name>``; it must be a declared input of this stage."""
+        return self.input(f"{stage}/{name}")
+
+
+def _as_paths(items: list | None) -> tuple[str, ...]:
+    out = []
+    for item in items or []:
+        if isinstance(item, dict):
+            out.extend(item.keys())
+        else:
+            out.append(str(item))
+    return tuple(out)
+
+
+def _params(items: list | None) -> tuple[str, ...]:
+    out: list[str] = []
+    for item in items or []:
+        if isinstance(item, dict):  # {params.yaml: [keys]}
+            for keys in item.values():
+                out.extend(keys or [])
+        else:
+            out.append(str(item))
+    return tuple(out)
+
+
+def load_stages(path: Path = DVC_FILE) -> dict[str, StageSpec]:
+    """All stages of dvc.yaml, in file order."""
+    if not path.exists():
+        raise DagError(f"{path} not found (run from the repository root)")
+    data = yaml.safe_load(path.read_text()) or {}
+    stages = data.get("stages")
+    if not isinstance(stages, dict) or not stages:
+        raise DagError(f"{path} has no stages")
+    specs = {}
+    for name, body in stages.items():
+        specs[name] = StageSpec(
+            name=name,
+            cmd=str(body.get("cmd", "")),
+            deps=_as_paths(body.get("deps")),
+            outs=_as_paths(body.get("outs")),
+            params=_params(body.get("params")),
+            metrics=_as_paths(body.get("metrics")),
+        )
+    return specs
+
+
+def stage_order(path: Path = DVC_FILE) -> list[str]:
+    """A topological order of dvc.yaml's stages; ties broken by file order (stable)."""
+    specs = load_stages(path)
+    names = list(specs)
+    graph = {n: {u for u in specs[n].upstream if u in specs} for n in names}
+    ts = TopologicalSorter(graph)
+    ts.prepare()
+    order: list[str] = []
+    while ts.is_active():
+        ready = sorted(ts.get_ready(), key=names.index)
+        order.extend(ready)
+        ts.done(*ready)
+    return order
+
+
+def stage_io(stage: str, path: Path = DVC_FILE) -> StageIO:
+    specs = load_stages(path)
+    if stage not in specs:
+        raise DagError(f"unknown stage {stage!r}; dvc.yaml has: {', '.join(specs)}")
+    spec = specs[stage]
+    io = StageIO(stage=stage)
+    for dep in spec.deps:
+        parts = Path(dep).parts
+        if len(parts) >= 3 and parts[0] == ARTIFACTS:
+            io.inputs["/".join(parts[1:])] = Path(dep)
+    for out in spec.outs:
+        parts = Path(out).parts
+        io.outputs["/".join(parts[2:]) if len(parts) >= 3 and parts[0] == ARTIFACTS else out] = Path(out)
+    if spec.metrics:
+        io.metrics = Path(spec.metrics[0])
+    return io

@@ -1,0 +1,45 @@
+"""Config of generation, distillation and rejection filtering (owned by components/engine)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from components.settings import StrictModel
+
+
+class GenerationConfig(StrictModel):
+    """Sampling settings shared by every engine backend."""
+
+    mode: Literal["sequential", "parallel"] = "sequential"
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(-1, ge=-1)
+    max_new_tokens: int = Field(30000, ge=1)
+    max_branches: int = Field(5, ge=1)
+    max_depth: int = Field(1, ge=1)
+    step_repetition_penalty: float = Field(1.02, gt=0)
+    kv_budget_tokens: int | None = Field(None, ge=1)
+    batch_size: int = Field(64, ge=1)
+    seed: int = Field(0, ge=0)
+    backend: Literal["torch", "sglang"] = "torch"
+
+
+class DistillConfig(StrictModel):
+    """Stage `distill`: K samples per problem from NPR-Zero."""
+
+    init_from: str = "npr_zero"
+    k: int = Field(8, ge=1)
+    n_problems: int | None = Field(None, ge=1)
+    shard_size: int = Field(1024, ge=1)
+    generation: GenerationConfig = GenerationConfig()
+
+
+class RejectFilterConfig(StrictModel):
+    """Stage `reject_filter`: keep correct AND structurally valid trajectories."""
+
+    max_accepted_per_problem: int = Field(1, ge=1)
+    min_response_tokens: int = Field(1, ge=0)
+    max_response_tokens: int = Field(30000, ge=1)
+    min_acceptance_rate: float = Field(0.0, ge=0, le=1)

@@ -1,0 +1,45 @@
+"""Process-wide defaults applied by the CLI before any library is imported: no telemetry, no surprise
+network traffic, W&B offline unless a key is configured. Explicit user settings always win."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+QUIET_DEFAULTS = {
+    "DO_NOT_TRACK": "1",
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
+    "DVC_NO_ANALYTICS": "1",
+    "GX_ANALYTICS_ENABLED": "false",
+    "HF_UPDATE_DOWNLOAD_COUNTS": "0",
+    "TOKENIZERS_PARALLELISM": "false",
+    "RAY_AUTH_MODE": "disabled",
+}
+
+
+def hub_reachable(host: str = "huggingface.co", timeout_s: float = 1.5) -> bool:
+    """A cheap check (DNS + TCP connect) used to decide HF offline mode when the user did not."""
+    try:
+        with socket.create_connection((host, 443), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def apply_defaults(project_root: Path | None = None) -> dict[str, str]:
+    """Set quiet defaults in os.environ (only where unset); returns what was set."""
+    applied: dict[str, str] = {}
+    for key, value in QUIET_DEFAULTS.items():
+        if key not in os.environ:
+            os.environ[key] = applied[key] = value
+    if "WANDB_MODE" not in os.environ:
+        os.environ["WANDB_MODE"] = applied["WANDB_MODE"] = "online" if os.environ.get("WANDB_API_KEY") else "offline"
+    if "HF_HUB_OFFLINE" not in os.environ:
+        offline = "0" if hub_reachable() else "1"
+        os.environ["HF_HUB_OFFLINE"] = os.environ["HF_DATASETS_OFFLINE"] = applied["HF_HUB_OFFLINE"] = offline
+    root = project_root or Path.cwd()
+    if "PREFECT_HOME" not in os.environ:
+        os.environ["PREFECT_HOME"] = applied["PREFECT_HOME"] = str(root / ".prefect")
+    return applied

@@ -1,0 +1,48 @@
+"""Config of models, tokenizers and the tiny seed stage (owned by components/models)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from components.settings import StrictModel
+
+
+class TinyArchitecture(StrictModel):
+    """A Qwen3 architecture small enough to train on 2 CPU cores in minutes."""
+
+    hidden_size: int = Field(192, ge=8)
+    intermediate_size: int = Field(512, ge=8)
+    num_hidden_layers: int = Field(4, ge=1)
+    num_attention_heads: int = Field(4, ge=1)
+    num_key_value_heads: int = Field(2, ge=1)
+    head_dim: int = Field(48, ge=4)
+    max_position_embeddings: int = Field(512, ge=16)
+    rope_theta: float = Field(10000.0, gt=0)
+    tokenizer_vocab_size: int = Field(512, ge=300)
+    tokenizer_corpus_size: int = Field(20000, ge=100)
+
+
+class ModelsConfig(StrictModel):
+    """How the starting model is obtained and loaded."""
+
+    base_model: str = "tiny"  # "tiny" = built by the seed stage; else a hub id or a local directory
+    attn_implementation: Literal["sdpa", "eager"] = "sdpa"
+    pad_embeddings_to_multiple_of: int = Field(64, ge=1)
+    tiny: TinyArchitecture | None = None
+
+
+class SeedConfig(StrictModel):
+    """Stage `seed`: the tiny profile's stand-in for an instruct model (brief causal SFT)."""
+
+    enabled: bool = True
+    steps: int = Field(400, ge=0)
+    batch_size: int = Field(64, ge=1)
+    lr: float = Field(2e-3, gt=0)
+    warmup_steps: int = Field(30, ge=0)
+    parallel_fraction: float = Field(0.2, ge=0.0, le=1.0)
+    mistake_fraction: float = Field(0.05, ge=0.0, le=1.0)
+    eval_n: int = Field(200, ge=1)
+    eval_temperature: float = Field(1.0, ge=0.0)
+    max_new_tokens: int = Field(96, ge=1)

@@ -1,0 +1,61 @@
+"""Prompt construction: our versioned instruction files, explicit separators, the chat template.
+
+Every run records ``prompt_fingerprint`` so a metric can always be traced to the exact instruction text.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
+
+Style = Literal["parallel", "sequential"]
+
+
+@lru_cache(maxsize=16)
+def _read(path: str) -> str:
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"prompt file {p} does not exist (prompts.* in params.yaml)")
+    return p.read_text(encoding="utf-8").strip()
+
+
+def instruction(prompts_cfg: Any, style: Style) -> str:
+    """The instruction text for a style (``parallel`` = the schema instruction)."""
+    path = prompts_cfg.parallel_instruction if style == "parallel" else prompts_cfg.sequential_instruction
+    return _read(path)
+
+
+def prompt_fingerprint(prompts_cfg: Any) -> dict[str, str]:
+    """sha256 of each instruction file and of the joining settings; recorded with every run."""
+    out = {}
+    for style in ("parallel", "sequential"):
+        out[f"{style}_sha256"] = hashlib.sha256(instruction(prompts_cfg, style).encode()).hexdigest()
+    settings = f"{prompts_cfg.separator!r}|{prompts_cfg.system_prompt!r}|{prompts_cfg.enable_thinking!r}"
+    out["settings_sha256"] = hashlib.sha256(settings.encode()).hexdigest()
+    out["prompt_hash"] = hashlib.sha256("|".join(out[k] for k in sorted(out)).encode()).hexdigest()[:16]
+    return out
+
+
+def user_message(problem: str, prompts_cfg: Any, style: Style) -> str:
+    """Problem, separator, instruction: the user turn (there is no system message unless configured)."""
+    return problem.strip() + prompts_cfg.separator + instruction(prompts_cfg, style)
+
+
+def chat_messages(problem: str, prompts_cfg: Any, style: Style) -> list[dict[str, str]]:
+    messages = []
+    if prompts_cfg.system_prompt:
+        messages.append({"role": "system", "content": prompts_cfg.system_prompt})
+    messages.append({"role": "user", "content": user_message(problem, prompts_cfg, style)})
+    return messages
+
+
+def render_prompt(tokenizer: Any, problem: str, prompts_cfg: Any, style: Style) -> str:
+    """The full prompt text up to and including the assistant header (generation prompt)."""
+    return tokenizer.apply_chat_template(
+        chat_messages(problem, prompts_cfg, style),
+        tokenize=False,
+        add_generation_prompt=True,
+        enable_thinking=prompts_cfg.enable_thinking,
+    )

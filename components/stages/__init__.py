@@ -1,0 +1,52 @@
+"""One module per stage: ``components/stages/<name>.py`` exposes ``run(cfg, io) -> dict`` (metrics).
+
+``run_stage`` is the only caller: it resolves the stage's paths from dvc.yaml, applies the run-wide
+settings, calls ``run`` and writes ``metrics.json`` with the provenance every run records.
+"""
+
+from __future__ import annotations
+
+import importlib
+import platform
+import time
+from typing import Any
+
+from components.artifacts import write_json
+from components.config import PipelineConfig
+from components.dag import StageIO, stage_io
+from components.prompts import prompt_fingerprint
+
+
+def stage_module(name: str) -> Any:
+    try:
+        return importlib.import_module(f"components.stages.{name}")
+    except ModuleNotFoundError as err:
+        if err.name == f"components.stages.{name}":
+            raise ValueError(f"stage {name!r} has no implementation module components/stages/{name}.py") from None
+        raise
+
+
+def apply_run_settings(cfg: PipelineConfig) -> None:
+    import torch
+
+    torch.set_num_threads(cfg.run.torch_threads)
+    torch.manual_seed(cfg.run.seed)
+
+
+def run_stage(name: str, cfg: PipelineConfig, io: StageIO | None = None) -> dict[str, Any]:
+    """Run one stage and write its metrics.json; returns the metrics."""
+    io = io or stage_io(name)
+    module = stage_module(name)
+    apply_run_settings(cfg)
+    start = time.perf_counter()
+    metrics = dict(module.run(cfg, io) or {})
+    metrics["wall_time_s"] = round(time.perf_counter() - start, 3)
+    metrics["provenance"] = {
+        "stage": name,
+        "profile": cfg.profile,
+        "prompt": prompt_fingerprint(cfg.prompts),
+        "python": platform.python_version(),
+    }
+    if io.metrics is not None:
+        write_json(io.metrics, metrics)
+    return metrics
