@@ -1,0 +1,50 @@
+"""Stage fingerprints: a hash of a stage's own code and params, used as the Prefect task version.
+
+DVC still decides staleness (it also sees data); the fingerprint makes a task run's version say exactly
+which code and which params produced it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from components.config import PipelineConfig
+from components.dag import ARTIFACTS, StageSpec
+
+_SKIP_PARTS = {"__pycache__", ".pytest_cache"}
+
+
+def _code_files(dep: str) -> list[Path]:
+    p = Path(dep)
+    if p.is_file():
+        return [p]
+    if p.is_dir():
+        return sorted(f for f in p.rglob("*") if f.is_file() and not _SKIP_PARTS & set(f.parts) and f.suffix != ".pyc")
+    return []
+
+
+def _param_value(data: dict[str, Any], key: str) -> Any:
+    node: Any = data
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            raise KeyError(f"dvc.yaml names param {key!r}, which params.yaml does not have")
+        node = node[part]
+    return node
+
+
+def stage_fingerprint(spec: StageSpec, cfg: PipelineConfig) -> str:
+    """sha256 over the stage's code deps (not data or upstream artifacts) and its params values."""
+    h = hashlib.sha256()
+    for dep in spec.deps:
+        if Path(dep).parts[0] in (ARTIFACTS, "data"):
+            continue
+        for f in _code_files(dep):
+            h.update(str(f).encode())
+            h.update(f.read_bytes())
+    data = cfg.model_dump(mode="json")
+    params = {key: _param_value(data, key) for key in spec.params}
+    h.update(json.dumps(params, sort_keys=True).encode())
+    return h.hexdigest()[:16]

@@ -1,0 +1,110 @@
+"""The pipeline flow: one Prefect task per dvc.yaml stage, in dvc.yaml's order.
+
+The stage list is read from dvc.yaml (never written here), so the flow and `dvc repro` cannot drift. Each
+task's version is the stage fingerprint (its code + params); the task runs the stage through DVC, pushes its
+outputs and publishes its metrics as a Prefect artifact. Stages named in `orchestration.gpu_stages` are
+dispatched to the `npr-stage` deployment on the gpu work pool instead of running in this process.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.runtime import flow_run
+
+from components.config import PipelineConfig
+from components.dag import load_stages, stage_order
+from flows.fingerprint import stage_fingerprint
+from flows.stage import _dvc, ensure_profile, execute_stage
+
+NPR_STAGE_DEPLOYMENT = "npr-stage/npr-stage"
+
+
+def _metrics_markdown(stage: str, metrics: dict[str, Any]) -> str:
+    rows = [f"| {k} | {v} |" for k, v in sorted(metrics.items()) if not isinstance(v, dict | list)]
+    body = "\n".join(["| metric | value |", "|---|---|", *rows]) if rows else "_no scalar metrics_"
+    return f"## Stage `{stage}`\n\n{body}\n"
+
+
+def run_stage_in_flow(stage: str, profile: str, fingerprint: str, gpu: bool, pipeline_run_id: str) -> dict[str, Any]:
+    """Run one stage (DVC decides staleness), then publish its metrics (and the report, if it wrote one)."""
+    if gpu:
+        from prefect.deployments import run_deployment
+
+        run = run_deployment(
+            name=NPR_STAGE_DEPLOYMENT,
+            parameters={"stage": stage, "profile": profile},
+            job_variables={"env": {"NPR_PIPELINE_RUN_ID": pipeline_run_id}},
+        )
+        if not run.state or not run.state.is_completed():
+            raise RuntimeError(f"stage {stage} on the gpu pool ended in {run.state}")
+        from flows.stage import stage_metrics
+
+        metrics = stage_metrics(stage)
+    else:
+        from components.config import load_config
+
+        metrics = execute_stage(stage, load_config(), pipeline_run_id)
+    key = stage.replace("_", "-")
+    create_markdown_artifact(key=f"{key}-metrics", markdown=_metrics_markdown(stage, metrics),
+                             description=f"{stage} metrics (fingerprint {fingerprint})")
+    report = Path("artifacts") / stage / "report" / "report.md"
+    if report.exists():
+        create_markdown_artifact(key=f"{key}-report", markdown=report.read_text(), description=f"{stage} report")
+    return metrics
+
+
+def plan(cfg: PipelineConfig, stages: list[str]) -> list[str]:
+    """Human-readable plan for `npr run --dry-run`: each stage, where it runs, whether DVC finds it stale."""
+    proc = subprocess.run([_dvc(), "status", "--json"], capture_output=True, text=True, check=False)
+    try:
+        stale = set(json.loads(proc.stdout or "{}"))
+    except json.JSONDecodeError:
+        stale = set()
+    specs = load_stages()
+    lines = [f"profile {cfg.profile}; {len(stages)} stage(s)"]
+    for name in stages:
+        where = "gpu pool" if name in cfg.orchestration.gpu_stages else "local"
+        state = "stale" if any(s == name or s.endswith(f":{name}") for s in stale) else "up to date"
+        lines.append(f"  {name:<18} {where:<8} {state:<10} version {stage_fingerprint(specs[name], cfg)}  $ {specs[name].cmd}")
+    return lines
+
+
+@flow(name="npr-pipeline", log_prints=True)
+def npr_pipeline(profile: str = "tiny", stages: list[str] | None = None, overrides: list[str] | None = None) -> dict:
+    """Run the NPR pipeline (all stages, or the selected ones, in dvc.yaml order) for a profile.
+
+    Args:
+        profile: configs/<profile>.yaml to run (materialised into params.yaml when it differs).
+        stages: a subset of dvc.yaml's stage names; empty = all.
+        overrides: `section.key=value` config overrides applied on top of the profile.
+    """
+    cfg = ensure_profile(profile, overrides)
+    order = stage_order()
+    selected = [s for s in order if not stages or s in stages]
+    unknown = sorted(set(stages or []) - set(order))
+    if unknown:
+        raise ValueError(f"unknown stage(s) {unknown}; dvc.yaml has {order}")
+    specs = load_stages()
+    run_id = str(flow_run.get_id() or "local")
+    results: dict[str, Any] = {}
+    for name in selected:
+        timeout = cfg.orchestration.task_timeout_s.get(name, cfg.orchestration.default_timeout_s)
+        fingerprint = stage_fingerprint(specs[name], cfg)
+        # One task object per stage so its version (code + params fingerprint) is recorded on the run.
+        runner = task(
+            run_stage_in_flow, name=f"stage-{name}", version=fingerprint, timeout_seconds=timeout,
+            retries=cfg.orchestration.retries, retry_delay_seconds=10, log_prints=True,
+        )
+        results[name] = runner(name, cfg.profile, fingerprint, name in cfg.orchestration.gpu_stages, run_id)
+    return results
+
+
+if __name__ == "__main__":
+    npr_pipeline(profile=sys.argv[1] if len(sys.argv) > 1 else "tiny")

@@ -1,0 +1,78 @@
+"""One stage as a Prefect flow (deployable to the `gpu` work pool), and the stage execution both flows share.
+
+A stage always runs through DVC (`dvc repro --single-item STAGE`): DVC decides whether it is stale, so a
+retried or re-triggered run never redoes finished work. Inputs are pulled when missing and outputs pushed
+after success, so consecutive stages may run on different machines.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger
+
+from components.config import PipelineConfig, load_config, materialise_profile
+from components.dag import load_stages
+
+
+class StageFailed(RuntimeError):
+    """`dvc repro` of a stage exited non-zero; the message holds the tail of its output."""
+
+
+def ensure_profile(profile: str, overrides: list[str] | None) -> PipelineConfig:
+    """Materialise the requested profile only when it differs from params.yaml or overrides are given,
+    so hand edits to params.yaml (e.g. `dvc exp run -S`) survive a plain run."""
+    current = load_config()
+    if profile != current.profile or overrides:
+        return materialise_profile(profile, overrides or [])
+    return current
+
+
+def _dvc() -> str:
+    local = Path(sys.executable).with_name("dvc")
+    return str(local) if local.exists() else (shutil.which("dvc") or "dvc")
+
+
+def stage_metrics(stage: str) -> dict[str, Any]:
+    spec = load_stages()[stage]
+    if not spec.metrics or not Path(spec.metrics[0]).exists():
+        return {}
+    return json.loads(Path(spec.metrics[0]).read_text())
+
+
+def execute_stage(stage: str, cfg: PipelineConfig, pipeline_run_id: str | None = None) -> dict[str, Any]:
+    """Pull missing inputs, `dvc repro --single-item`, push outputs; returns the stage's metrics."""
+    from components import storage
+
+    storage.pull_stage_inputs(stage, cfg)
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    if pipeline_run_id:
+        env["NPR_PIPELINE_RUN_ID"] = pipeline_run_id
+    proc = subprocess.run(
+        [_dvc(), "repro", "--single-item", stage], env=env, text=True, capture_output=True, check=False
+    )
+    sys.stdout.write(proc.stdout)
+    sys.stderr.write(proc.stderr)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-25:])
+        raise StageFailed(f"stage {stage} failed (dvc repro exit {proc.returncode}):\n{tail}")
+    if cfg.storage.push_after_stage:
+        storage.push_stage_outputs(stage, cfg)
+    return stage_metrics(stage)
+
+
+@flow(name="npr-stage", log_prints=True)
+def npr_stage(stage: str, profile: str = "tiny", overrides: list[str] | None = None) -> dict[str, Any]:
+    """Run one stage of the pipeline (used for stages placed on the gpu work pool)."""
+    cfg = ensure_profile(profile, overrides)
+    if stage not in load_stages():
+        raise ValueError(f"unknown stage {stage!r}")
+    get_run_logger().info("running stage %s (profile %s)", stage, cfg.profile)
+    return execute_stage(stage, cfg, os.environ.get("NPR_PIPELINE_RUN_ID"))

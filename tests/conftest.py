@@ -1,0 +1,52 @@
+"""Suite-wide settings: quiet, offline, single-threaded torch (2-core CI), run from the repo root."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+for key, value in {
+    "DO_NOT_TRACK": "1",
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "DVC_NO_ANALYTICS": "1",
+    "GX_ANALYTICS_ENABLED": "false",
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "WANDB_MODE": "offline",
+    "WANDB_SILENT": "true",
+    "TOKENIZERS_PARALLELISM": "false",
+}.items():
+    os.environ.setdefault(key, value)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _torch_single_thread() -> None:
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a hard dependency
+        return
+    torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return REPO
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """The read-only public data beside the checkout (tests may read it; the product never needs it)."""
+    if not SHARED_DATA.exists():
+        pytest.skip(f"shared data not present at {SHARED_DATA}")
+    return SHARED_DATA
+
+
+@pytest.fixture()
+def in_repo(monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.chdir(REPO)
+    return REPO

@@ -1,0 +1,82 @@
+"""dvc.yaml is the one DAG: stage modules, CLI commands, params, paths and the Prefect flow derive from it."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import yaml
+
+from components.config import load_config
+from components.dag import DagError, load_stages, stage_io, stage_order
+from flows.fingerprint import _param_value, stage_fingerprint
+
+
+def test_every_stage_is_the_cli_on_its_own_module(in_repo: Path) -> None:
+    for name, spec in load_stages().items():
+        assert spec.cmd == f"npr stage {name}"
+        assert f"components/stages/{name}.py" in spec.deps, f"{name} must depend on its own source"
+        assert importlib.util.find_spec(f"components.stages.{name}") is not None or not Path(
+            f"components/stages/{name}.py"
+        ).exists()
+
+
+def test_params_exist_in_params_yaml(in_repo: Path) -> None:
+    data = load_config().model_dump(mode="json")
+    for spec in load_stages().values():
+        for key in spec.params:
+            _param_value(data, key)
+
+
+def test_order_respects_dependencies(in_repo: Path) -> None:
+    order = stage_order()
+    assert sorted(order) == sorted(load_stages())
+    for name, spec in load_stages().items():
+        for up in spec.upstream:
+            assert order.index(up) < order.index(name), f"{up} must run before {name}"
+    assert order[0] == "sample_orz" and order[-1] == "evaluate"
+
+
+def test_stage_io_resolves_inputs_and_outputs(in_repo: Path) -> None:
+    io = stage_io("parallel_warmup")
+    assert io.input("reject_filter/accepted") == Path("artifacts/reject_filter/accepted")
+    assert io.upstream_output("seed", "model") == Path("artifacts/seed/model")
+    assert io.output("model") == Path("artifacts/parallel_warmup/model")
+    assert io.metrics == Path("artifacts/parallel_warmup/metrics.json")
+    with pytest.raises(DagError, match="no input"):
+        io.input("papo_rl/model")
+    with pytest.raises(DagError, match="unknown stage"):
+        stage_io("nope")
+
+
+def test_init_from_stages_are_declared_inputs(in_repo: Path) -> None:
+    cfg = load_config()
+    for name in ("npr_zero", "parallel_warmup", "sequential_warmup", "papo_rl", "sr_rl"):
+        stage_io(name).upstream_output(getattr(cfg, name).init_from, "model")
+    stage_io("distill").upstream_output(cfg.distill.init_from, "model")
+
+
+def test_fingerprint_changes_with_own_params_only(in_repo: Path) -> None:
+    specs = load_stages()
+    base = load_config()
+    changed = load_config(overrides=["sample_orz.n=11"])
+    assert stage_fingerprint(specs["sample_orz"], base) != stage_fingerprint(specs["sample_orz"], changed)
+    assert stage_fingerprint(specs["distill"], base) == stage_fingerprint(specs["distill"], changed)
+
+
+def test_flow_runs_exactly_dvc_stages_in_order(in_repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Prefect flow's task list equals dvc.yaml's stages (order included)."""
+    import flows.pipeline as pipeline
+
+    seen: list[tuple[str, str]] = []
+
+    def record(fn, name, version, **kwargs):  # replaces prefect.task: records what the flow would run
+        return lambda stage, *a: seen.append((name, version)) or {}
+
+    monkeypatch.setattr(pipeline, "task", record)
+    pipeline.npr_pipeline.fn(profile="tiny")
+    assert [n for n, _ in seen] == [f"stage-{s}" for s in stage_order()]
+    dvc_names = list(yaml.safe_load(Path("dvc.yaml").read_text())["stages"])
+    assert sorted(n.removeprefix("stage-") for n, _ in seen) == sorted(dvc_names)
+    assert all(len(v) == 16 for _, v in seen)
