@@ -1,0 +1,59 @@
+"""The problem record: content ids, whitespace normalisation, and reading the `sample_orz` output.
+
+A problem record is ``{id, problem, answer, source, difficulty, split}`` (docs/architecture.md, Records).
+``id`` is a content hash, so the same problem with the same answer has the same id in every run and
+from every source.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from components.artifacts import read_json, read_shards
+
+Split = Literal["train", "test"]
+SPLITS: tuple[str, ...] = ("train", "test")
+# Length of the hex prefix of sha256 used as id: 16 hex chars = 64 bits, collision-free at 10^6 rows.
+ID_HEX_CHARS = 16
+_WS = re.compile(r"\s+")
+
+
+def normalise_whitespace(text: str) -> str:
+    """Collapse every run of whitespace to one space and strip both ends."""
+    return _WS.sub(" ", text).strip()
+
+
+def content_id(problem: str, answer: str) -> str:
+    """Stable id of a (problem, answer) pair: sha256 prefix of the whitespace-normalised texts.
+
+    Lone surrogates (from undecodable input bytes) are kept distinct via ``surrogatepass`` so that hashing
+    never fails on the bad rows the quality check is about to quarantine.
+    """
+    payload = normalise_whitespace(problem) + "\x1f" + normalise_whitespace(answer)
+    return hashlib.sha256(payload.encode("utf-8", "surrogatepass")).hexdigest()[:ID_HEX_CHARS]
+
+
+def load_problems(problems_dir: Path | str, split: Split) -> list[dict[str, Any]]:
+    """All records of one split of a `sample_orz` problems directory, in shard order.
+
+    Raises FileNotFoundError when the directory or the split's shards are missing, and ValueError when
+    the manifest's count for the split disagrees with what the shards hold (a partial copy).
+    """
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
+    problems_dir = Path(problems_dir)
+    if not problems_dir.is_dir():
+        raise FileNotFoundError(f"problems directory {problems_dir} does not exist (run stage sample_orz)")
+    manifest_path = problems_dir / "manifest.json"
+    expected = read_json(manifest_path)["counts"].get(split) if manifest_path.exists() else None
+    if expected == 0:
+        return []
+    records = read_shards(problems_dir, stem=split)
+    if expected is not None and len(records) != expected:
+        raise ValueError(
+            f"{problems_dir}: manifest says {expected} {split} problems but the shards hold {len(records)}"
+        )
+    return records
