@@ -30,6 +30,31 @@ class SFTStageConfig(StrictModel):
     seed: int = Field(521, ge=0)
 
 
+class VerlSettings(StrictModel):
+    """Cluster-side settings of a verl run (`backend: verl`); the algorithm comes from the stage fields."""
+
+    entry: Literal["main_ppo"] = "main_ppo"  # verl 0.9.1's own trainer (DAPO filter_groups included)
+    nnodes: int = Field(1, ge=1)
+    n_gpus_per_node: int = Field(8, ge=1)
+    rollout_name: Literal["sglang", "vllm"] = "sglang"
+    rollout_tp: int = Field(1, ge=1)
+    gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
+    max_prompt_length: int = Field(2048, ge=16)
+    train_prompt_mini_batch: int = Field(1, ge=1)  # prompts per optimizer step (x group_size responses)
+    micro_batch_size_per_gpu: int = Field(1, ge=1)
+    use_dynamic_bsz: bool = True
+    max_token_len_per_gpu: int = Field(32768, ge=1024)
+    ulysses_sp: int = Field(1, ge=1)
+    strategy: Literal["fsdp", "fsdp2"] = "fsdp2"
+    param_offload: bool = True
+    optimizer_offload: bool = True
+    gradient_checkpointing: bool = True
+    val_n: int = Field(8, ge=1)
+    val_top_p: float = Field(0.7, gt=0, le=1)
+    total_epochs: int = Field(1, ge=1)
+    ray_address: str = "http://127.0.0.1:8265"
+
+
 class RLStageConfig(StrictModel):
     """`npr_zero` (DAPO), `papo_rl` (PAPO) and `sr_rl` (DAPO, sequential)."""
 
@@ -37,15 +62,27 @@ class RLStageConfig(StrictModel):
     algorithm: Literal["dapo", "papo"] = "dapo"
     reward: Literal["stage1", "stage3"] = "stage1"
     engine_mode: Literal["sequential", "parallel"] = "sequential"
+    # Drop rollouts whose parallel structure the canonical mask builder rejects (PAPO), counted not scored.
+    structural_filter: bool = False
     backend: Literal["local", "verl"] = "local"
     steps: int = Field(100, ge=0)
     prompts_per_step: int = Field(32, ge=1)
+    # Prompts per generation batch when dynamic sampling refills (verl data.gen_batch_size); None = prompts_per_step.
+    gen_batch_prompts: int | None = Field(None, ge=1)
     group_size: int = Field(16, ge=1)
+    # Optimizer steps per rollout batch (verl ppo_mini_batch); > 1 makes the DAPO clip act on later ones.
+    mini_batches: int = Field(1, ge=1)
     lr: float = Field(1e-6, gt=0)
+    lr_scheduler: Literal["constant", "cosine"] = "constant"
+    lr_warmup_steps: int = Field(0, ge=0)
+    min_lr_ratio: float = Field(0.0, ge=0, le=1)
+    adam_betas: tuple[float, float] = (0.9, 0.999)
     weight_decay: float = Field(0.1, ge=0)
     grad_clip: float = Field(1.0, gt=0)
     clip_ratio_low: float = Field(0.2, ge=0)
     clip_ratio_high: float = Field(0.28, ge=0)
+    clip_ratio_c: float = Field(10.0, gt=1)
+    loss_agg_mode: Literal["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
     dynamic_sampling: bool = True
     max_gen_batches: int = Field(10, ge=0)
     overlong_buffer_len: int = Field(0, ge=0)
@@ -53,7 +90,11 @@ class RLStageConfig(StrictModel):
     max_new_tokens: int = Field(30000, ge=1)
     temperature: float = Field(1.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
+    eval_before_train: bool = True
     eval_every: int = Field(10, ge=1)
     eval_n: int = Field(200, ge=1)
+    eval_temperature: float = Field(1.0, ge=0)
+    eval_top_p: float = Field(1.0, gt=0, le=1)
     save_every: int = Field(20, ge=1)
     seed: int = Field(0, ge=0)
+    verl: VerlSettings = VerlSettings()
