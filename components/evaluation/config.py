@@ -1,37 +1,88 @@
-"""Config of evaluation and the nightly regression gate (owned by components/evaluation)."""
+"""Config of evaluation and the nightly regression gate (owned by components/evaluation).
+
+The sampling settings live flat in the ``evaluate`` section (they are what a baseline file pins); the
+runner turns them into the engine's ``GenerationConfig`` once per checkpoint, with the mode chosen by
+whether the checkpoint is a parallel one.
+"""
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Literal
+
+from pydantic import Field, model_validator
 
 from components.settings import StrictModel
 
 
 class BenchmarkSpec(StrictModel):
-    name: str
+    """One benchmark: ``n_samples`` samples per problem (avg@n), pass@k / best@k with ``k <= n_samples``."""
+
+    name: str = Field(min_length=1)
     n_samples: int = Field(1, ge=1)
     k: int = Field(1, ge=1)
     max_problems: int | None = Field(None, ge=1)
 
+    @model_validator(mode="after")
+    def _k_within_samples(self) -> BenchmarkSpec:
+        if self.k > self.n_samples:
+            raise ValueError(f"benchmark {self.name!r}: k={self.k} exceeds n_samples={self.n_samples}")
+        return self
+
 
 class EvaluateConfig(StrictModel):
+    """Stage `evaluate` and `npr eval`: which checkpoints, which benchmarks, the pinned sampling settings."""
+
     checkpoints: list[str] = ["seed", "npr_zero", "parallel_warmup", "papo_rl", "sequential_warmup", "sr_rl"]
     parallel_checkpoints: list[str] = ["parallel_warmup", "papo_rl"]
     benchmarks: list[BenchmarkSpec] = []
     benchmark_dir: str = "data/benchmarks"
     temperature: float = Field(1.0, ge=0)
     top_p: float = Field(0.7, gt=0, le=1)
+    top_k: int = Field(-1, ge=-1)
     max_new_tokens: int = Field(30000, ge=1)
+    max_branches: int = Field(5, ge=1)
+    max_depth: int = Field(1, ge=1)
+    step_repetition_penalty: float = Field(1.02, gt=0)
+    batch_size: int = Field(64, ge=1)
+    backend: Literal["torch", "sglang"] = "torch"
     seed: int = Field(0, ge=0)
+    # Speedup = tokens/s of the same checkpoint's same prompts decoded in parallel vs sequential mode.
     measure_speedup: bool = True
+    # The sequential re-decode doubles the cost of a parallel checkpoint; cap the problems it uses.
+    speedup_max_problems: int | None = Field(None, ge=1)
+    records_shards: int = Field(1, ge=1)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> EvaluateConfig:
+        unknown = sorted(set(self.parallel_checkpoints) - set(self.checkpoints))
+        if unknown:
+            raise ValueError(f"parallel_checkpoints {unknown} are not in checkpoints {self.checkpoints}")
+        names = [b.name for b in self.benchmarks]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"benchmark names must be unique; repeated: {dupes}")
+        return self
 
 
 class NightlyConfig(StrictModel):
+    """The nightly regression gate: the promoted checkpoint vs its committed baseline file."""
+
     checkpoint: str = "papo_rl"
     baseline_dir: str = "eval/baselines"
+    # Baseline file is ``<baseline_dir>/<tag>.yaml``; default tag ``<profile>-<checkpoint>``.
+    baseline_tag: str | None = None
+    # The last green nightly's metrics (drift reference); not committed, kept beside the artifacts.
+    state_file: str = "artifacts/nightly/last_green.json"
+    report_dir: str = "artifacts/nightly"
+    # Subset of evaluate.benchmarks to run nightly (None = all of them).
+    benchmarks: list[str] | None = None
     cron: str = "0 3 * * *"
     timezone: str = "UTC"
     tolerance: float = Field(0.05, ge=0, le=1)
     confidence: float = Field(0.95, gt=0, lt=1)
+    # wilson: bound at n = problems x samples; bootstrap: resample problems (clustered samples).
+    method: Literal["wilson", "bootstrap"] = "wilson"
+    bootstrap_samples: int = Field(2000, ge=100)
+    gate_metrics: list[Literal["accuracy", "pass@k"]] = ["accuracy", "pass@k"]
     format_valid_floor: float = Field(0.9, ge=0, le=1)
     parallel_rate_floor: float = Field(0.9, ge=0, le=1)

@@ -1,0 +1,64 @@
+"""Confidence bounds for accuracy-like metrics, used by the nightly gate to tell noise from regressions.
+
+Both bounds are one-sided at ``confidence``: the gate asks "is the true value surely below the threshold?",
+which is the upper bound falling below it.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from statistics import NormalDist
+
+
+def _z(confidence: float) -> float:
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must lie in (0, 1), got {confidence}")
+    return NormalDist().inv_cdf(confidence)
+
+
+def wilson_interval(successes: float, n: int, confidence: float) -> tuple[float, float]:
+    """One-sided Wilson score bounds ``(lower, upper)`` of a proportion, each at ``confidence``.
+
+    ``successes`` may be fractional (avg@n times n samples) so pass@k-style means can use it too.
+    """
+    if n < 1:
+        raise ValueError(f"Wilson bound needs n >= 1, got {n}")
+    if not 0 <= successes <= n:
+        raise ValueError(f"successes {successes} must lie in [0, n={n}]")
+    z = _z(confidence)
+    p = successes / n
+    denom = 1 + z * z / n
+    center = (p + z * z / (2 * n)) / denom
+    half = z / denom * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return max(0.0, center - half), min(1.0, center + half)
+
+
+def bootstrap_interval(
+    per_problem: Sequence[float], confidence: float, n_resamples: int, seed: int
+) -> tuple[float, float]:
+    """One-sided percentile bootstrap bounds ``(lower, upper)`` of the mean over problems.
+
+    Resamples problems (not samples), so the k samples of one problem stay together: they are correlated,
+    and a bound that treats them as independent is too narrow.
+    """
+    values = [float(v) for v in per_problem]
+    if not values:
+        raise ValueError("bootstrap needs at least one problem")
+    if n_resamples < 1:
+        raise ValueError(f"n_resamples must be >= 1, got {n_resamples}")
+    _z(confidence)
+    rng = random.Random(seed)
+    n = len(values)
+    means = sorted(sum(rng.choices(values, k=n)) / n for _ in range(n_resamples))
+    lo_idx = math.floor((1 - confidence) * (n_resamples - 1))
+    hi_idx = math.ceil(confidence * (n_resamples - 1))
+    return means[lo_idx], means[hi_idx]
+
+
+def standard_error(p: float, n: int) -> float:
+    """Binomial standard error of a proportion ``p`` measured on ``n`` trials."""
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    return math.sqrt(max(p * (1 - p), 0.0) / n)
