@@ -8,9 +8,17 @@ from pydantic import Field
 
 from components.settings import StrictModel
 
+DifficultyName = Literal["easy", "medium", "hard"]
+
 
 class SampleOrzConfig(StrictModel):
-    """Stage `sample_orz`: where problems come from, quality floors, and the seeded subset."""
+    """Stage `sample_orz`: where problems come from, quality floors, and the seeded subset.
+
+    ``source``: ``synthetic`` (the tiny task family, ``synthetic_pool`` problems mixed by
+    ``synthetic_weights``), ``local`` (ORZ raw JSON file or directory at ``local_path``), ``hf`` (the hub
+    dataset ``hf_dataset``, online only) or ``url`` (an ORZ raw JSON file at ``url``, online only).
+    ``test_n`` problems are held out first, then ``n`` training problems are drawn from the rest.
+    """
 
     source: Literal["synthetic", "local", "hf", "url"] = "synthetic"
     local_path: str = "data/orz"
@@ -20,6 +28,13 @@ class SampleOrzConfig(StrictModel):
     test_n: int = Field(0, ge=0)
     seed: int = Field(0, ge=0)
     synthetic_pool: int = Field(20000, ge=1)
+    # Mostly easy: the tiny seed model needs ~30% accuracy for RL to improve the joint metric.
+    synthetic_weights: dict[DifficultyName, float] = Field(
+        default_factory=lambda: {"easy": 0.8, "medium": 0.1, "hard": 0.1}
+    )
+    # A truncated ORZ file (the public 72k copy is cut mid-record) fails unless this keeps its complete records.
+    recover_truncated: bool = False
+    download_timeout_s: float = Field(60.0, gt=0)
     min_problem_chars: int = Field(5, ge=1)
     max_problem_chars: int = Field(8000, ge=1)
     max_answer_chars: int = Field(200, ge=1)
