@@ -10,7 +10,18 @@ from components.settings import StrictModel
 
 
 class GenerationConfig(StrictModel):
-    """Sampling settings shared by every engine backend."""
+    """Sampling settings shared by every engine backend.
+
+    ``mode="parallel"`` makes the torch engine fork at ``</guideline>`` (one branch per plan, at most
+    ``max_branches``, nesting at most ``max_depth``); ``"sequential"`` decodes one stream with plain causal
+    visibility. ``temperature=0`` is greedy. ``top_k=-1`` disables top-k.
+
+    Budgets: ``max_new_tokens`` bounds the tokens generated across ALL branches of a response (a fork is
+    refused unless every branch can write ``min_step_tokens`` content tokens plus its tags, and the
+    ``<takeaway>``); ``kv_budget_tokens`` bounds the KV entries one sequence may hold (prompt + response);
+    a fork that would cross it is refused and a sequence that reaches it finishes with reason
+    ``kv_budget``. ``max_step_tokens`` closes a runaway branch with a forced ``</step>``.
+    """
 
     mode: Literal["sequential", "parallel"] = "sequential"
     temperature: float = Field(1.0, ge=0)
@@ -20,6 +31,8 @@ class GenerationConfig(StrictModel):
     max_branches: int = Field(5, ge=1)
     max_depth: int = Field(1, ge=1)
     step_repetition_penalty: float = Field(1.02, gt=0)
+    min_step_tokens: int = Field(1, ge=1)
+    max_step_tokens: int | None = Field(None, ge=2)
     kv_budget_tokens: int | None = Field(None, ge=1)
     batch_size: int = Field(64, ge=1)
     seed: int = Field(0, ge=0)
