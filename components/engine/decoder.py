@@ -250,9 +250,9 @@ class Decoder:
             and tags is not None
             and seq.pending == tags.guideline_close
             and seq.token_ids  # the </guideline> is a response token, not part of the prompt
+            and self._try_fork(seq, lp)
         ):
-            if self._try_fork(seq, lp):
-                return True
+            return True
         if seq.forced_queue:
             tok = seq.forced_queue.pop(0)
             self._charge_and_append(seq, seq, tok, float(lp[tok]), forced=True)

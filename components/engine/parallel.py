@@ -83,12 +83,20 @@ def plan_fork(
     if not block_ids or block_ids[0] != tags.guideline_open:
         return "no <guideline> opens this block"
     inner = block_ids[1:-1]
-    for tag in (tags.guideline_open, tags.step_open, tags.step_close, tags.takeaway_open, tags.takeaway_close):
+    for tag in (
+        tags.guideline_open,
+        tags.step_open,
+        tags.step_close,
+        tags.takeaway_open,
+        tags.takeaway_close,
+    ):
         if tag in inner:
             return "illegal tag inside the guideline"
     text = tokenizer.decode(block_ids, skip_special_tokens=False)
-    names = {"plan_open": tokenizer.convert_ids_to_tokens(tags.plan_open),
-             "plan_close": tokenizer.convert_ids_to_tokens(tags.plan_close)}
+    names = {
+        "plan_open": tokenizer.convert_ids_to_tokens(tags.plan_open),
+        "plan_close": tokenizer.convert_ids_to_tokens(tags.plan_close),
+    }
     labels = plan_labels(text, names)
     if not labels:
         return "no plans"
