@@ -49,6 +49,7 @@ class VerlSettings(StrictModel):
     param_offload: bool = True
     optimizer_offload: bool = True
     gradient_checkpointing: bool = True
+    use_remove_padding: bool = True
     val_n: int = Field(8, ge=1)
     val_top_p: float = Field(0.7, gt=0, le=1)
     total_epochs: int = Field(1, ge=1)
@@ -62,6 +63,8 @@ class RLStageConfig(StrictModel):
     algorithm: Literal["dapo", "papo"] = "dapo"
     reward: Literal["stage1", "stage3"] = "stage1"
     engine_mode: Literal["sequential", "parallel"] = "sequential"
+    # Which instruction the prompt carries (prompts.parallel_instruction or prompts.sequential_instruction).
+    prompt_style: Literal["parallel", "sequential"] = "parallel"
     # Drop rollouts whose parallel structure the canonical mask builder rejects (PAPO), counted not scored.
     structural_filter: bool = False
     backend: Literal["local", "verl"] = "local"

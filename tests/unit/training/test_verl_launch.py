@@ -1,0 +1,94 @@
+"""verl launch: every generated override set composes with the installed verl's packaged Hydra config."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
+from verl.trainer.config import AlgoConfig
+from verl.utils.config import omega_conf_to_dataclass
+
+from components.config import load_config
+from components.training.verl_launch import (
+    PLUGIN_MODULE,
+    VerlRunInputs,
+    build_overrides,
+    compose_verl_config,
+    ray_job_command,
+    write_launch_files,
+)
+
+INPUTS = VerlRunInputs("/models/seed", "/data/train.parquet", "/data/val.parquet", "/runs/x")
+STAGES = ["npr_zero", "papo_rl", "sr_rl"]
+
+
+@pytest.mark.parametrize("profile", ["tiny", "qwen3-4b"])
+@pytest.mark.parametrize("stage", STAGES)
+def test_overrides_compose_with_installed_verl(profile: str, stage: str):
+    cfg = load_config(profile=profile)
+    stage_cfg = getattr(cfg, stage)
+    composed = compose_verl_config(build_overrides(stage, stage_cfg, INPUTS, "npr"))
+    actor = composed.actor_rollout_ref.actor
+    assert actor.clip_ratio_low == stage_cfg.clip_ratio_low
+    assert actor.clip_ratio_high == stage_cfg.clip_ratio_high
+    assert composed.actor_rollout_ref.rollout.n == stage_cfg.group_size
+    assert composed.reward.custom_reward_function.path == "components/grading/verl_reward.py"
+    assert composed.reward.custom_reward_function.name == "compute_score"
+    assert composed.reward.reward_kwargs.max_resp_len == stage_cfg.max_new_tokens
+    algo = omega_conf_to_dataclass(composed.algorithm)
+    assert isinstance(algo, AlgoConfig)
+    if stage_cfg.algorithm == "papo":
+        assert (composed.algorithm.adv_estimator, actor.policy_loss.loss_mode) == ("papo", "papo")
+        assert composed.algorithm.rollout_correction.bypass_mode is True
+        assert composed.actor_rollout_ref.model.external_lib == PLUGIN_MODULE
+        assert composed.algorithm.filter_groups.enable is False
+    else:
+        assert (composed.algorithm.adv_estimator, actor.policy_loss.loss_mode) == ("grpo", "vanilla")
+        assert composed.algorithm.filter_groups.enable is stage_cfg.dynamic_sampling
+        assert composed.algorithm.rollout_correction.bypass_mode is False
+
+
+def test_paper_stage1_settings_reach_verl():
+    cfg = load_config(profile="qwen3-4b")
+    c = compose_verl_config(build_overrides("npr_zero", cfg.npr_zero, INPUTS, "npr"))
+    assert c.data.train_batch_size == 32 and c.actor_rollout_ref.rollout.n == 16
+    assert c.data.max_response_length == 30000 and c.actor_rollout_ref.actor.optim.lr == 1e-6
+    assert c.actor_rollout_ref.actor.optim.lr_scheduler_type == "cosine"
+    assert c.algorithm.filter_groups.max_num_gen_batches == 0
+    assert OmegaConf.to_container(c.reward.reward_kwargs.overlong_buffer_cfg) == {
+        "enable": True,
+        "len": 10,
+        "penalty_factor": 1.0,
+        "log": True,
+    }
+
+
+def test_an_unknown_key_fails_composition():
+    cfg = load_config(profile="tiny")
+    overrides = build_overrides("npr_zero", cfg.npr_zero, INPUTS, "npr") + [
+        "actor_rollout_ref.actor.no_such_key=1"
+    ]
+    with pytest.raises(ConfigCompositionException):
+        compose_verl_config(overrides)
+
+
+def test_ray_job_command_imports_plugins_and_files_are_written(tmp_path):
+    cfg = load_config(profile="qwen3-4b")
+    overrides = build_overrides("papo_rl", cfg.papo_rl, INPUTS, "npr")
+    argv = ray_job_command(cfg.papo_rl, overrides, "job-1")
+    assert argv[:3] == ["ray", "job", "submit"]
+    env = json.loads(next(a for a in argv if a.startswith("--runtime-env-json=")).split("=", 1)[1])
+    assert env["env_vars"]["VERL_USE_EXTERNAL_MODULES"] == PLUGIN_MODULE
+    assert argv[argv.index("--") + 1 : argv.index("--") + 4] == ["python", "-m", "verl.trainer.main_ppo"]
+    path = write_launch_files(tmp_path, "papo_rl", cfg.papo_rl, overrides, "job-1")
+    saved = yaml.safe_load(path.read_text())
+    assert saved["overrides"] == overrides and "verl.trainer.main_ppo" in saved["command"]
+    dapo_env = json.loads(
+        next(a for a in ray_job_command(cfg.npr_zero, [], "j") if a.startswith("--runtime-env-json=")).split(
+            "=", 1
+        )[1]
+    )
+    assert "VERL_USE_EXTERNAL_MODULES" not in dapo_env["env_vars"]
