@@ -36,6 +36,10 @@ class EvaluateConfig(StrictModel):
     parallel_checkpoints: list[str] = ["parallel_warmup", "papo_rl"]
     benchmarks: list[BenchmarkSpec] = []
     benchmark_dir: str = "data/benchmarks"
+    # The benchmark name that means "the held-out (test) split of sample_orz/problems".
+    heldout_benchmark: str = "tiny_test"
+    # Sampling settings: every field of the engine's GenerationConfig except ``mode`` (set per checkpoint);
+    # a test keeps the two in step. They are what a baseline file pins.
     temperature: float = Field(1.0, ge=0)
     top_p: float = Field(0.7, gt=0, le=1)
     top_k: int = Field(-1, ge=-1)
@@ -43,13 +47,17 @@ class EvaluateConfig(StrictModel):
     max_branches: int = Field(5, ge=1)
     max_depth: int = Field(1, ge=1)
     step_repetition_penalty: float = Field(1.02, gt=0)
+    min_step_tokens: int = Field(1, ge=1)
+    max_step_tokens: int | None = Field(None, ge=2)
+    kv_budget_tokens: int | None = Field(None, ge=1)
     batch_size: int = Field(64, ge=1)
-    backend: Literal["torch", "sglang"] = "torch"
     seed: int = Field(0, ge=0)
-    # Speedup = tokens/s of the same checkpoint's same prompts decoded in parallel vs sequential mode.
+    backend: Literal["torch", "sglang"] = "torch"
+    # Instruction every checkpoint is prompted with (the paper prompts all its models with the NPR format).
+    prompt_style: Literal["parallel", "sequential"] = "parallel"
+    # Speedup = tokens/s of the same checkpoint's same prompts decoded in parallel vs sequential mode; the
+    # sequential re-decode of each parallel checkpoint is also graded and kept (mode "sequential").
     measure_speedup: bool = True
-    # The sequential re-decode doubles the cost of a parallel checkpoint; cap the problems it uses.
-    speedup_max_problems: int | None = Field(None, ge=1)
     records_shards: int = Field(1, ge=1)
 
     @model_validator(mode="after")

@@ -210,7 +210,10 @@ def summarize_records(records: Sequence[Mapping[str, Any]], k: int, wall_s: floa
         "mean_branches_per_block": mean_branches_per_block([r["branches_per_block"] for r in records]),
         "mean_tokens": mean(n_tokens),
         "mean_critical_path_tokens": mean(crit),
+        "total_tokens": sum(n_tokens),
+        "total_critical_path_tokens": sum(crit),
         "truncation_rate": rate([r["finish_reason"] == "length" for r in records]),
+        # All-empty responses have no work to parallelise: their ideal speedup is 1 by definition.
         "ideal_speedup": ideal_speedup(n_tokens, crit) if sum(crit) else 1.0,
         "tokens_per_s": tokens_per_second(sum(n_tokens), wall_s),
         "wall_s": wall_s,

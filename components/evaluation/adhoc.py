@@ -1,0 +1,68 @@
+"""`npr eval`: one checkpoint, chosen benchmarks, the same code path as the `evaluate` stage."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from components.artifacts import write_json
+from components.dag import stage_io
+from components.evaluation.config import BenchmarkSpec
+from components.evaluation.outputs import EvalOutputs, write_evaluation
+from components.evaluation.runner import CheckpointSpec, evaluate_checkpoints
+
+MODES = ("parallel", "sequential")
+
+
+def checkpoint_name(checkpoint: Path) -> str:
+    """``artifacts/papo_rl/model`` -> ``papo_rl``; any other directory -> its own name."""
+    checkpoint = Path(checkpoint)
+    return (
+        checkpoint.parent.name if checkpoint.name == "model" and checkpoint.parent.name else checkpoint.name
+    )
+
+
+def benchmark_specs(cfg: Any, names: list[str], k: int | None) -> list[BenchmarkSpec]:
+    """Specs of the named benchmarks: the profile's settings where it has them; ``k`` overrides n and k."""
+    if not names:
+        raise ValueError("name at least one benchmark")
+    configured = {b.name: b for b in cfg.evaluate.benchmarks}
+    specs = []
+    for name in names:
+        spec = configured.get(name, BenchmarkSpec(name=name))
+        if k is not None:
+            spec = spec.model_copy(update={"n_samples": k, "k": k})
+        specs.append(spec)
+    return specs
+
+
+def evaluate_checkpoint(
+    cfg: Any,
+    checkpoint: Path,
+    benchmarks: list[str],
+    k: int | None,
+    mode: str,
+    out_dir: Path,
+) -> dict[str, Any]:
+    """Evaluate one model directory; writes records/, report/, plots/ and metrics.json under ``out_dir``.
+
+    Returns the metrics dict (the same shape the stage returns, with one checkpoint).
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    checkpoint = Path(checkpoint)
+    if not checkpoint.is_dir():
+        raise FileNotFoundError(f"checkpoint directory {checkpoint} does not exist")
+    specs = benchmark_specs(cfg, benchmarks, k)
+    problems_dir = None
+    if any(s.name == cfg.evaluate.heldout_benchmark for s in specs):
+        problems_dir = stage_io("evaluate").input("sample_orz/problems")
+    spec = CheckpointSpec(name=checkpoint_name(checkpoint), path=checkpoint, mode=mode)  # type: ignore[arg-type]
+    result = evaluate_checkpoints(cfg, [spec], specs, problems_dir)
+    out_dir = Path(out_dir)
+    out = EvalOutputs(
+        records_dir=out_dir / "records", report_dir=out_dir / "report", plots_dir=out_dir / "plots"
+    )
+    write_evaluation(result, out, f"Ad-hoc evaluation of `{checkpoint}`", cfg.evaluate.records_shards)
+    write_json(out_dir / "metrics.json", result.metrics)
+    return {**result.metrics, "report": str(out.report)}

@@ -1,0 +1,163 @@
+"""The evaluation report: one markdown file with a Table-2-shaped accuracy table, a Table-3-shaped throughput
+table and per-benchmark detail, plus publishing it to Prefect (inside a flow run) and W&B.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def _f(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _pct(value: Any) -> str:
+    return "–" if value is None else f"{100 * float(value):.1f}"
+
+
+def benchmark_names(eval_metrics: Mapping[str, Any]) -> list[str]:
+    names: list[str] = []
+    for ckpt in eval_metrics["checkpoints"].values():
+        names.extend(b for b in ckpt["benchmarks"] if b not in names)
+    return names
+
+
+def accuracy_table(eval_metrics: Mapping[str, Any]) -> str:
+    """Rows: checkpoints; columns: benchmarks (avg@n, in %) and their average (Table 2 shape)."""
+    benches = benchmark_names(eval_metrics)
+    n_of = {}
+    for ckpt in eval_metrics["checkpoints"].values():
+        for b, m in ckpt["benchmarks"].items():
+            n_of.setdefault(b, m["n_samples"])
+    header = ["checkpoint", "mode", *(f"{b} (avg@{n_of[b]})" for b in benches), "average"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for name, ckpt in eval_metrics["checkpoints"].items():
+        cells = [name, ckpt["mode"]]
+        cells += [_pct(ckpt["benchmarks"].get(b, {}).get("accuracy")) for b in benches]
+        cells.append(_pct(ckpt["average_accuracy"]))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def throughput_table(eval_metrics: Mapping[str, Any]) -> str:
+    """Rows: checkpoints; tokens/s in their own mode and sequentially, achieved vs ideal speedup (Table 3)."""
+    header = [
+        "checkpoint",
+        "mode",
+        "tokens/s",
+        "sequential tokens/s",
+        "achieved speedup",
+        "ideal speedup",
+        "achieved / ideal",
+        "mean tokens",
+    ]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for name, ckpt in eval_metrics["checkpoints"].items():
+        tp = ckpt["throughput"]
+        cells = [
+            name,
+            ckpt["mode"],
+            _f(tp["tokens_per_s"], 1),
+            _f(tp.get("sequential_tokens_per_s"), 1),
+            _f(tp.get("achieved_speedup"), 2),
+            _f(tp["ideal_speedup"], 2),
+            _f(tp.get("speedup_efficiency"), 2),
+            _f(tp["mean_tokens"], 1),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def detail_table(eval_metrics: Mapping[str, Any]) -> str:
+    """Per checkpoint x benchmark: pass@k, format and structure metrics."""
+    header = [
+        "checkpoint",
+        "benchmark",
+        "problems × n",
+        "pass@k",
+        "format valid",
+        "parallel rate (≥2 plans)",
+        "parallel rate (≥1 plan)",
+        "branches / block",
+        "mean tokens",
+        "truncated",
+    ]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for name, ckpt in eval_metrics["checkpoints"].items():
+        for bench, m in ckpt["benchmarks"].items():
+            cells = [
+                name,
+                bench,
+                f"{m['n_problems']} × {m['n_samples']}",
+                f"{_pct(m['pass@k'])} (k={m['k']})",
+                _pct(m["format_valid_rate"]),
+                _pct(m["parallel_rate"]),
+                _pct(m["parallel_rate_any"]),
+                _f(m["mean_branches_per_block"], 2),
+                _f(m["mean_tokens"], 1),
+                _pct(m["truncation_rate"]),
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def render_report(eval_metrics: Mapping[str, Any], title: str, images: Sequence[str] = ()) -> str:
+    """The whole markdown report. ``images`` are file names relative to the report (the PNG plots)."""
+    s = eval_metrics["settings"]
+    sampling = ", ".join(f"{k}={v}" for k, v in s["sampling"].items())
+    engine = ", ".join(f"{k} {v}" for k, v in s["engine_version"].items())
+    parts = [
+        f"# {title}",
+        "",
+        f"Sampling: {sampling}. Prompt hash `{s['prompt_hash']}`. Engine: {engine}.",
+        "Accuracy is avg@n: the fraction of the n samples of a problem that are correct, averaged over "
+        "problems (in %). pass@k is the unbiased estimator. Parallel rate counts responses with at least one "
+        "valid block of ≥ 2 plans (and ≥ 1 plan). Speedup compares tokens/s of the same checkpoint on the "
+        "same prompts decoded in parallel vs sequential mode; ideal = total / critical-path tokens.",
+        "",
+        "## Accuracy",
+        "",
+        accuracy_table(eval_metrics),
+        "",
+        "## Throughput",
+        "",
+        throughput_table(eval_metrics),
+        "",
+        "## Detail",
+        "",
+        detail_table(eval_metrics),
+        "",
+    ]
+    for image in images:
+        parts += [f"![{Path(image).stem}]({image})", ""]
+    return "\n".join(parts)
+
+
+def in_prefect_run() -> bool:
+    """True inside a Prefect flow or task run (where artifacts can be created)."""
+    try:
+        from prefect.context import FlowRunContext, TaskRunContext
+    except ImportError:  # prefect is a dependency; a trimmed install just skips publishing
+        return False
+    return FlowRunContext.get() is not None or TaskRunContext.get() is not None
+
+
+def publish_prefect(markdown: str, key: str, description: str) -> bool:
+    """Create a Prefect markdown artifact when running inside a flow run; returns whether it did."""
+    if not in_prefect_run():
+        return False
+    from prefect.artifacts import create_markdown_artifact
+
+    # Prefect artifact keys allow lowercase letters, digits and dashes only.
+    safe_key = "".join(ch if ch.isalnum() else "-" for ch in key.lower()).strip("-")
+    create_markdown_artifact(markdown=markdown, key=safe_key, description=description)
+    return True

@@ -1,0 +1,310 @@
+"""The evaluation runner: checkpoints x benchmarks -> per-sample records and metrics, and the files they go to.
+
+Shared by the `evaluate` stage, `npr eval` (``adhoc``) and the nightly flow, so every number comes from the
+same code. For each checkpoint and benchmark: render each problem's prompt, decode ``n_samples`` samples per
+problem with the engine (parallel mode for parallel checkpoints), grade them, measure their structure on the
+token ids (``components.structure.trace_metrics``), and time the decode. For a parallel checkpoint the same
+prompts are decoded again in sequential mode to measure the achieved speedup.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any, Literal
+
+from components.artifacts import write_shards
+from components.evaluation.config import BenchmarkSpec, EvaluateConfig
+from components.evaluation.metrics import achieved_speedup, ideal_speedup, summarize_records
+
+log = logging.getLogger(__name__)
+
+Mode = Literal["parallel", "sequential"]
+
+
+@dataclass(frozen=True)
+class CheckpointSpec:
+    """A checkpoint to evaluate: its name in reports, its model directory, and how it is decoded."""
+
+    name: str
+    path: Path
+    mode: Mode
+
+
+@dataclass
+class EvalResult:
+    """Everything one evaluation produced: the metrics dict and the per-sample records."""
+
+    metrics: dict[str, Any]
+    # records[checkpoint][benchmark] in the checkpoint's own mode; speedup re-decodes under "sequential".
+    records: dict[str, dict[str, list[dict[str, Any]]]] = field(default_factory=dict)
+    sequential_records: dict[str, dict[str, list[dict[str, Any]]]] = field(default_factory=dict)
+
+
+def generation_config(ecfg: EvaluateConfig, mode: Mode) -> Any:
+    """The engine's GenerationConfig from the evaluate section's sampling settings and a mode."""
+    from components.engine import GenerationConfig
+
+    shared = {name: getattr(ecfg, name) for name in GenerationConfig.model_fields if name != "mode"}
+    return GenerationConfig(mode=mode, **shared)
+
+
+def sampling_settings(ecfg: EvaluateConfig) -> dict[str, Any]:
+    """The settings the numbers depend on (pinned in baseline files); batch size and backend excluded."""
+    from components.engine import GenerationConfig
+
+    keys = [k for k in GenerationConfig.model_fields if k not in ("mode", "batch_size", "backend")]
+    return {**{k: getattr(ecfg, k) for k in keys}, "prompt_style": ecfg.prompt_style}
+
+
+def engine_version(ecfg: EvaluateConfig) -> dict[str, str]:
+    """Versions of what decodes: this package, torch, transformers, and the backend name."""
+    out = {"backend": ecfg.backend}
+    for dist in ("npr-pipeline", "torch", "transformers"):
+        try:
+            out[dist] = version(dist)
+        except PackageNotFoundError:
+            out[dist] = "not installed"
+    return out
+
+
+def checkpoint_hash(model_dir: Path | str) -> str:
+    """sha256 over the relative names and bytes of every file in a model directory (sorted)."""
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise FileNotFoundError(f"checkpoint directory {model_dir} does not exist")
+    digest = hashlib.sha256()
+    for path in sorted(p for p in model_dir.rglob("*") if p.is_file()):
+        digest.update(str(path.relative_to(model_dir)).encode() + b"\0")
+        with path.open("rb") as f:
+            for chunk in iter(lambda f=f: f.read(1 << 20), b""):
+                digest.update(chunk)
+    return "sha256:" + digest.hexdigest()[:32]
+
+
+def load_benchmark_problems(
+    spec: BenchmarkSpec, ecfg: EvaluateConfig, problems_dir: Path | None
+) -> list[dict[str, Any]]:
+    """Problems ``{id, problem, answer, ...}`` of a benchmark; the held-out split for ``heldout_benchmark``."""
+    if spec.name == ecfg.heldout_benchmark:
+        from components.data.problems import load_problems
+
+        if problems_dir is None:
+            raise ValueError(f"benchmark {spec.name!r} needs the sample_orz problems directory")
+        problems = load_problems(problems_dir, "test")
+        problems = problems[: spec.max_problems] if spec.max_problems else problems
+    else:
+        from components.data.benchmarks import load_benchmark
+
+        problems = load_benchmark(spec.name, ecfg.benchmark_dir, spec.max_problems)
+    if not problems:
+        raise ValueError(f"benchmark {spec.name!r} has no problems")
+    return problems
+
+
+def _decode(
+    model: Any, tokenizer: Any, tags: Any, prompts: list[str], gen_cfg: Any
+) -> tuple[list[Any], float]:
+    from components.engine import generate
+
+    start = time.perf_counter()
+    generations = generate(model, tokenizer, prompts, gen_cfg, tags)
+    return generations, time.perf_counter() - start
+
+
+def _structure(generation: Any, tags: Any, schema_name: str) -> dict[str, Any]:
+    """Parallel flags, branches and critical path of one response, by the structure module's definition."""
+    from components.structure import parse_ids, parse_text, trace_metrics
+
+    if tags is not None:
+        tm = trace_metrics(parse_ids(generation.token_ids, tags))
+        critical = tm.critical_tokens
+    else:
+        # Tags are not single tokens (a base model without tag tokens): flags from the text; the token
+        # critical path is what the engine decoded (sequential decoding: all of it).
+        tm = trace_metrics(parse_text(generation.text, schema_name))
+        critical = generation.critical_path_tokens
+    return {
+        "critical_path_tokens": int(critical),
+        "is_parallel": tm.is_parallel,
+        "is_parallel_any": tm.is_parallel_any,
+        "branches_per_block": list(tm.branches),
+    }
+
+
+def evaluate_benchmark(
+    model: Any,
+    tokenizer: Any,
+    tags: Any,
+    problems: Sequence[Mapping[str, Any]],
+    spec: BenchmarkSpec,
+    cfg: Any,
+    checkpoint: str,
+    mode: Mode,
+) -> tuple[list[dict[str, Any]], float]:
+    """Decode and grade ``spec.n_samples`` samples of every problem; returns (records, decode wall seconds)."""
+    from components.grading import judge_many
+    from components.prompts import render_prompt
+
+    ecfg: EvaluateConfig = cfg.evaluate
+    problem_prompts = [
+        render_prompt(tokenizer, p["problem"], cfg.prompts, ecfg.prompt_style) for p in problems
+    ]
+    prompts = [pp for pp in problem_prompts for _ in range(spec.n_samples)]
+    generations, wall = _decode(model, tokenizer, tags, prompts, generation_config(ecfg, mode))
+    if len(generations) != len(prompts):
+        raise RuntimeError(f"engine returned {len(generations)} generations for {len(prompts)} prompts")
+    golds = [str(p["answer"]) for p in problems for _ in range(spec.n_samples)]
+    judgements = judge_many([g.text for g in generations], golds, cfg.schema_name, cfg.grading)
+    records = []
+    for i, (gen, judgement) in enumerate(zip(generations, judgements, strict=True)):
+        problem = problems[i // spec.n_samples]
+        rec = {
+            "checkpoint": checkpoint,
+            "benchmark": spec.name,
+            "mode": mode,
+            "problem_id": str(problem["id"]),
+            "sample_idx": i % spec.n_samples,
+            "problem": problem["problem"],
+            "answer": str(problem["answer"]),
+            "prompt": prompts[i],
+            "response": gen.text,
+            "answer_pred": judgement.pred,
+            "correct": bool(judgement.correct),
+            "format_score": float(judgement.format_score),
+            "valid": bool(judgement.valid),
+            "n_tokens": gen.total_tokens,
+            "parallel_taken": gen.parallel_taken,
+            "finish_reason": gen.finish_reason,
+            **_structure(gen, tags, cfg.schema_name),
+        }
+        records.append(rec)
+    return records, wall
+
+
+def _tags_for(tokenizer: Any, schema_name: str, mode: Mode) -> Any:
+    from components.structure import TagIds, TagTokenError
+
+    try:
+        return TagIds.from_tokenizer(tokenizer, schema_name)
+    except TagTokenError as err:
+        if mode == "parallel":
+            raise ValueError(f"parallel decoding needs single-token tags: {err}") from err
+        log.warning("tags are not single tokens (%s); structure measured on text", err)
+        return None
+
+
+def _throughput(benches: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
+    """Checkpoint-level throughput over all its benchmarks (sums before ratios, like the wall clock)."""
+    tokens = sum(m["total_tokens"] for m in benches.values())
+    wall = sum(m["wall_s"] for m in benches.values())
+    responses = sum(m["n_problems"] * m["n_samples"] for m in benches.values())
+    out = {
+        "tokens_per_s": tokens / wall,
+        "mean_tokens": tokens / responses,
+        "ideal_speedup": ideal_speedup(
+            [m["total_tokens"] for m in benches.values()],
+            [m["total_critical_path_tokens"] for m in benches.values()],
+        )
+        if sum(m["total_critical_path_tokens"] for m in benches.values())
+        else 1.0,
+    }
+    if all("sequential_tokens_per_s" in m for m in benches.values()):
+        seq_tokens = sum(m["sequential_total_tokens"] for m in benches.values())
+        seq_wall = sum(m["sequential_wall_s"] for m in benches.values())
+        out["sequential_tokens_per_s"] = seq_tokens / seq_wall
+        out["achieved_speedup"] = achieved_speedup(out["tokens_per_s"], out["sequential_tokens_per_s"])
+        out["speedup_efficiency"] = out["achieved_speedup"] / out["ideal_speedup"]
+    return out
+
+
+def evaluate_checkpoints(
+    cfg: Any,
+    checkpoints: Sequence[CheckpointSpec],
+    benchmarks: Sequence[BenchmarkSpec],
+    problems_dir: Path | None,
+) -> EvalResult:
+    """Evaluate every checkpoint on every benchmark; the one code path behind every evaluation number."""
+    from components.models.loading import load_model
+    from components.prompts import prompt_fingerprint
+
+    ecfg: EvaluateConfig = cfg.evaluate
+    if not checkpoints:
+        raise ValueError("no checkpoints to evaluate")
+    if not benchmarks:
+        raise ValueError("no benchmarks to evaluate (evaluate.benchmarks is empty)")
+    problems = {spec.name: load_benchmark_problems(spec, ecfg, problems_dir) for spec in benchmarks}
+    result = EvalResult(
+        metrics={
+            "settings": {
+                "sampling": sampling_settings(ecfg),
+                "prompt_hash": prompt_fingerprint(cfg.prompts)["prompt_hash"],
+                "engine_version": engine_version(ecfg),
+                "schema": cfg.schema_name,
+            },
+            "checkpoints": {},
+        }
+    )
+    for ckpt in checkpoints:
+        model, tokenizer = load_model(ckpt.path, cfg.models, cfg.run)
+        tags = _tags_for(tokenizer, cfg.schema_name, ckpt.mode)
+        benches: dict[str, dict[str, Any]] = {}
+        result.records[ckpt.name] = {}
+        for spec in benchmarks:
+            records, wall = evaluate_benchmark(
+                model, tokenizer, tags, problems[spec.name], spec, cfg, ckpt.name, ckpt.mode
+            )
+            metrics = summarize_records(records, spec.k, wall)
+            if ckpt.mode == "parallel" and ecfg.measure_speedup:
+                seq_records, seq_wall = evaluate_benchmark(
+                    model, tokenizer, tags, problems[spec.name], spec, cfg, ckpt.name, "sequential"
+                )
+                seq = summarize_records(seq_records, spec.k, seq_wall)
+                metrics.update(
+                    sequential_accuracy=seq["accuracy"],
+                    sequential_tokens_per_s=seq["tokens_per_s"],
+                    sequential_total_tokens=seq["total_tokens"],
+                    sequential_wall_s=seq_wall,
+                    achieved_speedup=achieved_speedup(metrics["tokens_per_s"], seq["tokens_per_s"]),
+                )
+                result.sequential_records.setdefault(ckpt.name, {})[spec.name] = seq_records
+            benches[spec.name] = metrics
+            result.records[ckpt.name][spec.name] = records
+            log.info(
+                "%s on %s (%s): accuracy %.3f, %.0f tokens/s",
+                ckpt.name,
+                spec.name,
+                ckpt.mode,
+                metrics["accuracy"],
+                metrics["tokens_per_s"],
+            )
+        result.metrics["checkpoints"][ckpt.name] = {
+            "mode": ckpt.mode,
+            "path": str(ckpt.path),
+            "checkpoint_hash": checkpoint_hash(ckpt.path),
+            "benchmarks": benches,
+            "average_accuracy": sum(m["accuracy"] for m in benches.values()) / len(benches),
+            "throughput": _throughput(benches),
+        }
+        del model
+        gc.collect()
+    result.metrics["n_records"] = sum(len(r) for b in result.records.values() for r in b.values())
+    return result
+
+
+def write_records(result: EvalResult, records_dir: Path, n_shards: int) -> int:
+    """Per-sample records as ``<checkpoint>/<benchmark>-NNNNN.jsonl`` (sequential re-decodes as
+    ``<benchmark>.sequential-NNNNN.jsonl``); returns how many records were written."""
+    n = 0
+    for store, suffix in ((result.records, ""), (result.sequential_records, ".sequential")):
+        for ckpt, by_bench in store.items():
+            for bench, records in by_bench.items():
+                write_shards(Path(records_dir) / ckpt, records, n_shards, stem=f"{bench}{suffix}")
+                n += len(records)
+    return n

@@ -1,0 +1,51 @@
+"""Stage `evaluate`: every checkpoint of the run on every benchmark -> records, report, metrics, plots.
+
+Parallel checkpoints (``evaluate.parallel_checkpoints``) decode in the engine's parallel mode, the others
+sequentially; the held-out benchmark is the test split of ``sample_orz/problems``. The returned dict is
+what ``metrics.json`` holds (``dvc metrics show``); plot rows go to ``plots/`` beside it (``dvc plots show``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from components.dag import StageIO
+from components.evaluation.outputs import EvalOutputs, write_evaluation
+from components.evaluation.report import publish_prefect
+from components.evaluation.runner import CheckpointSpec, evaluate_checkpoints
+
+log = logging.getLogger(__name__)
+
+# dvc.yaml declares the plot files as artifacts/evaluate/plots/*.json, beside metrics.json.
+PLOTS_SUBDIR = "plots"
+
+
+def stage_outputs(io: StageIO) -> EvalOutputs:
+    if io.metrics is None:
+        raise ValueError("stage evaluate declares no metrics file in dvc.yaml; its plots live beside it")
+    return EvalOutputs(
+        records_dir=io.output("records"),
+        report_dir=io.output("report"),
+        plots_dir=io.metrics.parent / PLOTS_SUBDIR,
+    )
+
+
+def run(cfg: Any, io: StageIO) -> dict[str, Any]:
+    ecfg = cfg.evaluate
+    checkpoints = [
+        CheckpointSpec(
+            name=name,
+            path=io.input(f"{name}/model"),
+            mode="parallel" if name in ecfg.parallel_checkpoints else "sequential",
+        )
+        for name in ecfg.checkpoints
+    ]
+    result = evaluate_checkpoints(cfg, checkpoints, ecfg.benchmarks, io.input("sample_orz/problems"))
+    out = stage_outputs(io)
+    markdown = write_evaluation(result, out, f"Evaluation of profile `{cfg.profile}`", ecfg.records_shards)
+    publish_prefect(
+        markdown, key=f"evaluation-{cfg.profile}", description=f"Evaluation report ({cfg.profile})"
+    )
+    log.info("report: %s", out.report)
+    return result.metrics
