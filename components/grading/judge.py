@@ -1,0 +1,123 @@
+"""One judgement per response: the extracted answer, correctness, and the structure's format verdict.
+
+Every consumer of "was this response right and well formed" (seed eval, RL rewards and eval, the
+reject filter, the evaluate stage) calls ``judge`` / ``judge_many`` and ``summarize`` so they all count
+the same way. The structure side comes from ``components.structure`` (format score in [-2, 0], 0 =
+perfect, violations with codes); the answer side from ``answers`` and ``equivalence``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from components.grading.answers import extract_answer
+from components.grading.config import GradingConfig
+from components.grading.equivalence import grade_many_verdicts
+from components.structure.parse import STRUCTURAL_CODES, parse_text
+from components.structure.schemas import Schema, get_schema
+from components.structure.score import is_valid, score_trace
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """The verdict on one response.
+
+    ``pred``: extracted answer (None if none); ``correct``: pred equals the gold; ``format_score`` in
+    [-2, 0]; ``valid``: no format violation at all (score 0); ``empty``: blank response; ``malformed``: the
+    tag sequence breaks the grammar (no attention mask can be built, see ``structure.parse``);
+    ``violations``: the violation codes in order; ``grade_reason``: why grading failed (timeout, crash), else
+    None.
+    """
+
+    pred: str | None
+    correct: bool
+    format_score: float
+    valid: bool
+    empty: bool
+    malformed: bool = False
+    violations: tuple[str, ...] = ()
+    grade_reason: str | None = None
+
+    def as_record(self) -> dict[str, Any]:
+        """The trajectory-record fields (``answer_pred``, ``correct``, ``format_score``, ``valid``)."""
+        return {
+            "answer_pred": self.pred,
+            "correct": self.correct,
+            "format_score": self.format_score,
+            "valid": self.valid,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["violations"] = list(self.violations)
+        return out
+
+
+def _structure_of(response: str, schema: Schema) -> tuple[float, bool, bool, tuple[str, ...]]:
+    trace = parse_text(response, schema)
+    codes = tuple(v.code for v in trace.violations)
+    return score_trace(trace), is_valid(trace), any(c in STRUCTURAL_CODES for c in codes), codes
+
+
+def judge_many(
+    responses: Sequence[str],
+    golds: Sequence[Any],
+    schema: str | Schema = "npr",
+    cfg: GradingConfig | None = None,
+) -> list[Judgement]:
+    """``judge`` over paired responses and golds; answers are graded in one batch (see ``grade_many``)."""
+    if len(responses) != len(golds):
+        raise ValueError(f"judge_many got {len(responses)} responses but {len(golds)} golds")
+    cfg = cfg or GradingConfig()
+    resolved = get_schema(schema)
+    for index, response in enumerate(responses):
+        if not isinstance(response, str):
+            raise ValueError(f"response {index} is a {type(response).__name__}, not a str")
+    preds = [extract_answer(r, cfg.fallbacks) for r in responses]
+    verdicts = grade_many_verdicts(list(zip(preds, golds, strict=True)), cfg)
+    out: list[Judgement] = []
+    for response, pred, verdict in zip(responses, preds, verdicts, strict=True):
+        score, valid, malformed, codes = _structure_of(response, resolved)
+        out.append(
+            Judgement(
+                pred=pred,
+                correct=verdict.equal,
+                format_score=score,
+                valid=valid,
+                empty=not response.strip(),
+                malformed=malformed,
+                violations=codes,
+                grade_reason=verdict.reason,
+            )
+        )
+    return out
+
+
+def judge(
+    response: str, gold: Any, schema: str | Schema = "npr", cfg: GradingConfig | None = None
+) -> Judgement:
+    """Judge one response against its gold answer (str, number, or list of alternatives)."""
+    return judge_many([response], [gold], schema, cfg)[0]
+
+
+def summarize(judgements: Sequence[Judgement]) -> dict[str, float | int]:
+    """Fractions over the judgements: ``format_valid``, ``accuracy``, ``correct_and_valid``; and ``n``.
+
+    Also ``mean_format_score``, ``empty`` (fraction) and ``grade_failures`` (count of pairs not graded
+    because of a timeout or crash; they count as wrong). Raises ValueError on an empty sequence: a rate
+    over nothing is a bug upstream, not 0.
+    """
+    n = len(judgements)
+    if n == 0:
+        raise ValueError("summarize needs at least one judgement")
+    return {
+        "n": n,
+        "format_valid": sum(j.valid for j in judgements) / n,
+        "accuracy": sum(j.correct for j in judgements) / n,
+        "correct_and_valid": sum(j.correct and j.valid for j in judgements) / n,
+        "mean_format_score": sum(j.format_score for j in judgements) / n,
+        "empty": sum(j.empty for j in judgements) / n,
+        "grade_failures": sum(j.grade_reason is not None for j in judgements),
+    }

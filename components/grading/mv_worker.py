@@ -1,0 +1,73 @@
+"""What runs inside a grading worker process: math-verify on (gold, pred) pairs under a per-pair deadline.
+
+math-verify's own timeout arms SIGALRM with whole seconds and only works in a main thread; a pool worker
+runs tasks in its main thread, so here we arm our own ``setitimer`` deadline (fractional seconds) around
+the whole parse+parse+verify of one pair and turn math-verify's timeouts off. The deadline raises a
+``BaseException`` so math-verify's broad ``except Exception`` cannot swallow it and grade it "False, no
+reason". This module imports nothing heavy at import time: the parent imports it only to name the
+functions it submits.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from typing import Any
+
+# (equal, reason): reason is None for an ordinary verdict, else why the pair could not be graded.
+PairResult = tuple[bool, str | None]
+
+
+class PairDeadline(BaseException):
+    """Raised by the SIGALRM handler when one pair exceeds its time budget."""
+
+
+def _on_alarm(signum: int, frame: Any) -> None:
+    raise PairDeadline()
+
+
+def init_worker() -> None:
+    """Pool initializer: import math-verify once and silence its 'timeout disabled' warning."""
+    import math_verify  # noqa: F401 - warm import so the first task does not pay for it
+
+    logging.getLogger("math_verify").setLevel(logging.ERROR)
+    signal.signal(signal.SIGALRM, _on_alarm)
+
+
+def as_boxed(answer: str) -> str:
+    """Give math-verify an unambiguous target: the answer inside ``\\boxed{}``, outer ``$`` removed."""
+    text = answer.strip()
+    if len(text) >= 2 and text.startswith("$") and text.endswith("$"):
+        text = text.strip("$").strip()
+    return "\\boxed{" + text + "}"
+
+
+def verify_pair(gold: str, pred: str, timeout_s: float) -> PairResult:
+    """math-verify's ``verify(parse(gold), parse(pred))`` (that order: verify is asymmetric)."""
+    from math_verify import parse, verify
+
+    signal.signal(signal.SIGALRM, _on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, timeout_s)
+    try:
+        gold_parsed = parse(as_boxed(gold), parsing_timeout=None)
+        pred_parsed = parse(as_boxed(pred), parsing_timeout=None)
+        equal = bool(verify(gold_parsed, pred_parsed, timeout_seconds=None))
+    except PairDeadline:
+        return False, f"timeout after {timeout_s:g}s"
+    except Exception as err:  # a parser bug on one odd answer must not fail its whole chunk
+        return False, f"error: {type(err).__name__}: {str(err)[:200]}"
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+    return equal, None
+
+
+def verify_chunk(pairs: list[tuple[str, str]], timeout_s: float) -> list[PairResult]:
+    """``verify_pair`` over (gold, pred) pairs; one task per chunk keeps inter-process traffic small."""
+    return [verify_pair(gold, pred, timeout_s) for gold, pred in pairs]
+
+
+def worker_pid() -> int:
+    """The worker's process id (used to wait for the pool to be up, and by the crash-recovery test)."""
+    import os
+
+    return os.getpid()

@@ -1,0 +1,120 @@
+"""Rewards as small registered functions of a ``Judgement``; values from ``GradingConfig.stage1/stage3``.
+
+- ``stage1`` (NPR-Zero, DAPO): empty response -> ``stage1.empty`` (the minimum); a response with any
+  format violation -> its format score (in [-2, 0)); a well-formed one -> ``stage1.correct`` /
+  ``stage1.wrong``. The paper's Stage-1 reward; the public code has this format term commented out
+  (npr-reference §1.5), we keep it on because teaching the format is what Stage 1 is for.
+- ``stage3`` (PAPO): empty -> ``stage3.empty``; a response the structural filter rejects (see
+  ``Stage3Reward.filter_on``) -> ``filtered=True`` and a neutral score of 0.0 that is never a learning
+  signal (the trainer drops it); otherwise ``stage3.correct`` / ``stage3.wrong`` by accuracy only.
+
+``score_many(name, responses, golds, schema, cfg)`` judges a batch once and applies the reward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from components.grading.config import GradingConfig
+from components.grading.judge import Judgement, judge_many
+from components.structure.schemas import Schema
+
+
+@dataclass(frozen=True)
+class RewardResult:
+    """A scored response: ``score`` (the reward), ``filtered`` (drop it from training instead of scoring)."""
+
+    score: float
+    correct: bool
+    valid: bool
+    format_score: float
+    filtered: bool
+    pred: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+RewardFn = Callable[[Judgement, GradingConfig], RewardResult]
+REWARDS: dict[str, RewardFn] = {}
+
+
+def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
+    """Register a reward under ``name``; registering a different function under a taken name raises."""
+
+    def decorator(fn: RewardFn) -> RewardFn:
+        existing = REWARDS.get(name)
+        if existing is not None and existing is not fn:
+            raise ValueError(
+                f"reward {name!r} is already registered ({existing.__module__}.{existing.__qualname__})"
+            )
+        REWARDS[name] = fn
+        return fn
+
+    return decorator
+
+
+def get_reward(name: str) -> RewardFn:
+    """The reward registered as ``name``; KeyError listing the known names otherwise."""
+    try:
+        return REWARDS[name]
+    except KeyError:
+        raise KeyError(f"unknown reward {name!r}; registered: {', '.join(sorted(REWARDS))}") from None
+
+
+def _result(j: Judgement, score: float, filtered: bool = False) -> RewardResult:
+    return RewardResult(
+        score=float(score),
+        correct=j.correct,
+        valid=j.valid,
+        format_score=j.format_score,
+        filtered=filtered,
+        pred=j.pred,
+    )
+
+
+@register_reward("stage1")
+def stage1_reward(j: Judgement, cfg: GradingConfig) -> RewardResult:
+    """Format first, then accuracy: empty -> min; violations -> format score; else +correct / wrong."""
+    values = cfg.stage1
+    if j.empty:
+        return _result(j, values.empty)
+    if not j.valid:
+        # The paper's rule: the penalty itself (so a nearly-right format can out-score a wrong answer,
+        # which is what pulls Stage 1 towards the format). Kept above the empty-response minimum.
+        return _result(j, max(values.empty, j.format_score))
+    return _result(j, values.correct if j.correct else values.wrong)
+
+
+@register_reward("stage3")
+def stage3_reward(j: Judgement, cfg: GradingConfig) -> RewardResult:
+    """Accuracy only; the structurally filtered are flagged, not scored."""
+    values = cfg.stage3
+    if j.empty:
+        return _result(j, values.empty)
+    rejected = j.malformed if values.filter_on == "structural" else not j.valid
+    if rejected:
+        return _result(j, 0.0, filtered=True)
+    return _result(j, values.correct if j.correct else values.wrong)
+
+
+def score_many(
+    name: str,
+    responses: Sequence[str],
+    golds: Sequence[Any],
+    schema: str | Schema = "npr",
+    cfg: GradingConfig | None = None,
+) -> list[RewardResult]:
+    """Judge a batch (answers graded together) and apply the reward ``name`` to each response."""
+    reward = get_reward(name)
+    cfg = cfg or GradingConfig()
+    return [reward(j, cfg) for j in judge_many(responses, golds, schema, cfg)]
+
+
+def score_response(
+    name: str, response: str, gold: Any, schema: str | Schema = "npr", cfg: GradingConfig | None = None
+) -> RewardResult:
+    """``score_many`` for one response."""
+    return score_many(name, [response], [gold], schema, cfg)[0]
