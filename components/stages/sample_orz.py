@@ -1,0 +1,63 @@
+"""Stage `sample_orz`: problem rows from the configured source -> quality gate -> seeded train/test sample.
+
+Outputs (atomic): ``problems/`` (train-NNNNN.jsonl, test-NNNNN.jsonl, manifest.json) and ``audit/``
+(quarantine.jsonl, duplicates.jsonl, reconciliation.json, gx_docs/*.html). When too few rows pass the gate
+the audit is written to ``artifacts/sample_orz/work/audit-failed/`` for inspection and the stage raises
+DataQualityError; neither output is touched.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+from components.artifacts import atomic_dir
+from components.config import PipelineConfig
+from components.dag import StageIO
+from components.data.quality import QualityRules, validate_problems, write_audit
+from components.data.sampling import difficulty_counts, rows_sha256, sample_splits, write_problem_splits
+from components.data.sources import load_source_rows
+
+
+def run(cfg: PipelineConfig, io: StageIO) -> dict[str, Any]:
+    sc = cfg.sample_orz
+    problems_dir, audit_dir = io.output("problems"), io.output("audit")
+    work_dir = Path(problems_dir).parent / "work"
+
+    rows, provenance = load_source_rows(sc, work_dir)
+    report = validate_problems(rows, QualityRules.from_config(sc))
+    failed_dir = work_dir / "audit-failed"
+    try:
+        report.raise_for_floor()
+    except Exception:
+        shutil.rmtree(failed_dir, ignore_errors=True)
+        write_audit(report, failed_dir)
+        raise
+    shutil.rmtree(failed_dir, ignore_errors=True)
+
+    train, test = sample_splits(report.kept, sc.n, sc.test_n, sc.seed)
+    manifest = {
+        "source": provenance,
+        "seed": sc.seed,
+        "input_sha256": rows_sha256(rows),
+        "rows_in": report.rows_in,
+        "kept": len(report.kept),
+        "config": sc.model_dump(mode="json"),
+    }
+    with atomic_dir(audit_dir) as tmp_audit:
+        reconciliation = write_audit(report, tmp_audit)
+    with atomic_dir(problems_dir) as tmp_problems:
+        write_problem_splits(tmp_problems, train, test, sc.n_shards, manifest)
+
+    return {
+        "rows_in": reconciliation["rows_in"],
+        "kept": reconciliation["kept"],
+        "quarantined": reconciliation["quarantined"],
+        "duplicates": reconciliation["duplicates"],
+        "kept_fraction": reconciliation["kept_fraction"],
+        "n_train": len(train),
+        "n_test": len(test),
+        "per_difficulty": {"train": difficulty_counts(train), "test": difficulty_counts(test)},
+        "quarantine_reasons": reconciliation["quarantine_reasons"],
+    }
