@@ -1,0 +1,119 @@
+"""Training checkpoints in a stage's work dir, and resuming from the newest one after a crash.
+
+A checkpoint is a directory ``<work_dir>/checkpoint-<step:08d>/`` holding
+
+- ``model.safetensors``: the weights (``safetensors.torch.save_model``, which stores tied tensors once);
+- ``optimizer.pt`` and ``scheduler.pt``: their ``state_dict``s (loaded with ``weights_only=True``);
+- ``rng.pt``: torch CPU (and CUDA, when present) generator states; ``state.json``: step, the Python
+  ``random`` state and whatever the trainer adds (metrics history, sample counts).
+
+Each directory is written through ``components.artifacts.atomic_dir``, so a crash mid-save leaves the
+previous checkpoint as the newest complete one; only ``keep_last`` checkpoints are kept.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_model, save_model
+
+from components.artifacts import atomic_dir
+
+CHECKPOINT_RE = re.compile(r"^checkpoint-(\d{8})$")
+FILES = ("model.safetensors", "optimizer.pt", "scheduler.pt", "rng.pt", "state.json")
+
+
+@dataclass
+class TrainingState:
+    """What a resumed run needs besides weights/optimizer/scheduler: the step and trainer bookkeeping."""
+
+    step: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def checkpoint_dir(work_dir: Path, step: int) -> Path:
+    return Path(work_dir) / f"checkpoint-{step:08d}"
+
+
+def list_checkpoints(work_dir: Path) -> list[Path]:
+    """Complete checkpoints in ``work_dir``, oldest first (incomplete temp dirs are ignored)."""
+    work_dir = Path(work_dir)
+    if not work_dir.is_dir():
+        return []
+    found = [p for p in work_dir.iterdir() if p.is_dir() and CHECKPOINT_RE.match(p.name)]
+    complete = [p for p in found if all((p / name).exists() for name in FILES)]
+    return sorted(complete, key=lambda p: int(CHECKPOINT_RE.match(p.name).group(1)))
+
+
+def latest_checkpoint(work_dir: Path) -> Path | None:
+    found = list_checkpoints(work_dir)
+    return found[-1] if found else None
+
+
+def save_checkpoint(
+    work_dir: Path,
+    state: TrainingState,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    keep_last: int = 2,
+) -> Path:
+    """Write a complete checkpoint for ``state.step`` and prune older ones beyond ``keep_last``."""
+    dest = checkpoint_dir(work_dir, state.step)
+    with atomic_dir(dest) as tmp:
+        save_model(model, str(tmp / "model.safetensors"))
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+        rng = {"torch": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state_all()
+        torch.save(rng, tmp / "rng.pt")
+        payload = {"step": state.step, "python_random": _python_state(), "extra": state.extra}
+        (tmp / "state.json").write_text(json.dumps(payload, indent=1, sort_keys=True, default=str))
+    for old in list_checkpoints(work_dir)[: -max(1, keep_last)]:
+        shutil.rmtree(old, ignore_errors=True)
+    return dest
+
+
+def load_checkpoint(
+    path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any
+) -> TrainingState:
+    """Restore weights, optimizer, scheduler and RNG states in place; returns the saved TrainingState."""
+    path = Path(path)
+    missing = [name for name in FILES if not (path / name).exists()]
+    if missing:
+        raise FileNotFoundError(f"checkpoint {path} is incomplete: missing {missing}")
+    device = next(model.parameters()).device
+    missing_keys, unexpected = load_model(
+        model, str(path / "model.safetensors"), strict=True, device=str(device)
+    )
+    if missing_keys or unexpected:
+        raise ValueError(
+            f"checkpoint {path} does not match the model: missing {missing_keys}, unexpected {unexpected}"
+        )
+    optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location=device, weights_only=True))
+    scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
+    rng = torch.load(path / "rng.pt", weights_only=True)
+    torch.set_rng_state(rng["torch"])
+    if "cuda" in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
+    payload = json.loads((path / "state.json").read_text())
+    random.setstate(_python_state_from_json(payload["python_random"]))
+    return TrainingState(step=int(payload["step"]), extra=payload.get("extra", {}))
+
+
+def _python_state() -> list[Any]:
+    version, internal, gauss = random.getstate()
+    return [version, list(internal), gauss]
+
+
+def _python_state_from_json(data: list[Any]) -> tuple[Any, ...]:
+    version, internal, gauss = data
+    return (version, tuple(internal), gauss)

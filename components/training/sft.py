@@ -1,0 +1,310 @@
+"""The one SFT recipe: NPR-Beta (parallel), SR-Beta (sequential) and the tiny seed model all train here.
+
+What a step does:
+- ``settings.grad_accum`` micro-batches of ``settings.batch_size`` examples, deterministic in the step
+  number (so a resumed run sees exactly the batches the crashed run would have seen);
+- parallel mode: a 4D bool mask and parallel position ids from ``components.parallel`` (bool goes straight
+  to sdpa; eager gets ``to_additive_mask``); sequential mode: a padding mask and plain causal attention;
+- loss = mean negative log-likelihood over the response tokens of the whole accumulated step (each token
+  predicted from its parent position, see ``sft_data``), AdamW, grad-norm clipping, a warmup + cosine /
+  constant / linear schedule with ``min_lr`` (transformers' schedule functions);
+- a checkpoint (weights, optimizer, scheduler, step, RNG) every ``save_every`` steps in the stage's work dir;
+  a rerun resumes from the newest one; metrics go to a JSON file after every logged step.
+
+On GPU the same code runs unchanged with ``run.device: cuda`` (or ``auto``) and ``run.dtype: bfloat16``:
+the model is loaded in bf16 with sdpa, which takes the bool mask directly (flash kernels do not accept an
+arbitrary mask, so sdpa picks its memory-efficient kernel). The loss is computed in float32 from the
+logits. The qwen3-4b profile (4B parameters, bf16 weights + fp32 AdamW states, ~64 GB) fits one 141 GB
+H200 for short sequences; multi-GPU FSDP (``accelerate launch --use_fsdp`` / ``torchrun``) would need the
+model and optimizer wrapped by ``accelerate`` and full-state-dict checkpoints, which this trainer does not
+do yet (it is a single-process loop).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from transformers import (
+    get_constant_schedule_with_warmup,
+    get_cosine_with_min_lr_schedule_with_warmup,
+    get_polynomial_decay_schedule_with_warmup,
+)
+
+from components.artifacts import write_json
+from components.training.checkpoint import TrainingState, latest_checkpoint, load_checkpoint, save_checkpoint
+from components.training.sft_data import Mode, SFTBatch, SFTExample, collate
+
+Scheduler = Literal["cosine", "constant", "linear"]
+# Examples of one optimizer step (batch_size * grad_accum of them), a pure function of the step number.
+StepSource = Callable[[int], Sequence[SFTExample]]
+
+
+@dataclass(frozen=True)
+class SFTSettings:
+    """Everything the recipe needs, resolved from a stage config (``from_stage_config`` / the seed stage)."""
+
+    mode: Mode
+    total_steps: int
+    batch_size: int
+    lr: float
+    min_lr: float = 0.0
+    warmup_steps: int = 0
+    scheduler: Scheduler = "cosine"
+    weight_decay: float = 0.0
+    adam_betas: tuple[float, float] = (0.9, 0.95)
+    grad_accum: int = 1
+    grad_clip: float = 1.0
+    save_every: int = 1000
+    seed: int = 0
+    log_every: int = 10
+    keep_checkpoints: int = 2
+
+    @property
+    def examples_per_step(self) -> int:
+        return self.batch_size * self.grad_accum
+
+    @classmethod
+    def from_stage_config(cls, cfg: Any, n_examples: int) -> SFTSettings:
+        """Settings of a ``parallel_warmup``/``sequential_warmup`` section for ``n_examples`` examples.
+
+        ``total_steps = max_steps`` when set, else ``ceil(epochs * n_examples / (batch_size * grad_accum))``;
+        ``warmup_steps = round(warmup_ratio * total_steps)``.
+        """
+        if n_examples < 1:
+            raise ValueError("SFT needs at least one example")
+        per_step = cfg.batch_size * cfg.grad_accum
+        total = cfg.max_steps or math.ceil(cfg.epochs * n_examples / per_step)
+        return cls(
+            mode=cfg.mode,
+            total_steps=total,
+            batch_size=cfg.batch_size,
+            lr=cfg.lr,
+            min_lr=cfg.min_lr,
+            warmup_steps=round(cfg.warmup_ratio * total),
+            scheduler=cfg.scheduler,
+            weight_decay=cfg.weight_decay,
+            adam_betas=tuple(cfg.adam_betas),
+            grad_accum=cfg.grad_accum,
+            grad_clip=cfg.grad_clip,
+            save_every=cfg.save_every,
+            seed=cfg.seed,
+        )
+
+
+@dataclass
+class SFTResult:
+    """Outcome of ``train_sft``: where it started (resume) and ended, and the logged history."""
+
+    start_step: int
+    final_step: int
+    history: list[dict[str, float]] = field(default_factory=list)
+    train_tokens: int = 0
+    wall_time_s: float = 0.0
+
+    def summary(self) -> dict[str, Any]:
+        last = self.history[-1] if self.history else {}
+        return {
+            "resumed_from_step": self.start_step,
+            "steps": self.final_step,
+            "final_loss": last.get("loss"),
+            "final_lr": last.get("lr"),
+            "train_loss_tokens": self.train_tokens,
+            "train_wall_time_s": round(self.wall_time_s, 3),
+        }
+
+
+class EpochSource:
+    """Deterministic shuffled epochs over a fixed example list: step k gets examples ``[k*n, (k+1)*n)`` of
+    the concatenation of per-epoch permutations (epoch e shuffled with seed ``(seed, e)``)."""
+
+    def __init__(self, examples: Sequence[SFTExample], per_step: int, seed: int) -> None:
+        if not examples:
+            raise ValueError("EpochSource needs at least one example")
+        self.examples = list(examples)
+        self.per_step = per_step
+        self.seed = seed
+        self._orders: dict[int, list[int]] = {}
+
+    def _order(self, epoch: int) -> list[int]:
+        if epoch not in self._orders:
+            gen = torch.Generator().manual_seed(self.seed * 100_003 + epoch)
+            self._orders[epoch] = torch.randperm(len(self.examples), generator=gen).tolist()
+        return self._orders[epoch]
+
+    def __call__(self, step: int) -> list[SFTExample]:
+        n = len(self.examples)
+        flat = range(step * self.per_step, (step + 1) * self.per_step)
+        return [self.examples[self._order(i // n)[i % n]] for i in flat]
+
+
+def build_optimizer(model: torch.nn.Module, settings: SFTSettings) -> torch.optim.AdamW:
+    """AdamW; weight decay on matrices only (norm gains and biases are not decayed, as is standard)."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    groups = [
+        {"params": decay, "weight_decay": settings.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=settings.lr, betas=settings.adam_betas)
+
+
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, settings: SFTSettings
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warmup to ``lr``, then cosine to ``min_lr`` / constant / linear to ``min_lr``."""
+    warmup, total = settings.warmup_steps, max(settings.total_steps, 1)
+    if settings.scheduler == "cosine":
+        return get_cosine_with_min_lr_schedule_with_warmup(optimizer, warmup, total, min_lr=settings.min_lr)
+    if settings.scheduler == "constant":
+        return get_constant_schedule_with_warmup(optimizer, warmup)
+    if settings.scheduler == "linear":
+        return get_polynomial_decay_schedule_with_warmup(
+            optimizer, warmup, total, lr_end=settings.min_lr, power=1.0
+        )
+    raise ValueError(f"unknown scheduler {settings.scheduler!r}")
+
+
+def token_nll(model: torch.nn.Module, batch: SFTBatch) -> tuple[torch.Tensor, int]:
+    """Summed negative log-likelihood of the batch's response tokens, and their count.
+
+    Token ``t`` is scored with the logits at ``batch.parents[:, t]``:
+    ``nll_t = logsumexp(logits[parent]) - logits[parent, input_ids[t]]`` (float32).
+
+    Returns:
+        (scalar tensor with grad, number of loss tokens)
+    """
+    device = next(model.parameters()).device
+    mask = batch.attention_mask.to(device)
+    if mask.dim() == 4 and model.config._attn_implementation == "eager":
+        from components.parallel import to_additive_mask
+
+        mask = to_additive_mask(mask, next(model.parameters()).dtype)
+    input_ids = batch.input_ids.to(device)
+    position_ids = batch.position_ids.to(device) if batch.position_ids is not None else None
+    logits = model(
+        input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False
+    ).logits
+    logits = logits.float()
+    parents = batch.parents.to(device)
+    rows = torch.arange(logits.shape[0], device=device)[:, None]
+    log_norm = torch.logsumexp(logits, dim=-1).gather(1, parents)  # [B, L]
+    target_logit = logits[rows, parents, input_ids]  # [B, L]
+    loss_mask = batch.loss_mask.to(device)
+    nll = (log_norm - target_logit) * loss_mask
+    return nll.sum(), int(loss_mask.sum())
+
+
+def train_sft(
+    model: torch.nn.Module,
+    source: StepSource,
+    settings: SFTSettings,
+    work_dir: Path,
+    *,
+    pad_id: int,
+    tags: Any = None,
+    metrics_path: Path | None = None,
+    on_step: Callable[[int, dict[str, float]], None] | None = None,
+    show_progress: bool = True,
+) -> SFTResult:
+    """Run (or resume) SFT of ``model`` in place for ``settings.total_steps`` optimizer steps.
+
+    Resumes from the newest checkpoint in ``work_dir`` when there is one. ``on_step(step, record)`` is
+    called after every optimizer step (1-based step). ``tags`` (TagIds) is required in parallel mode.
+    """
+    if settings.mode == "parallel" and tags is None:
+        raise ValueError("parallel SFT needs the schema's TagIds")
+    work_dir = Path(work_dir)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(settings.seed)
+    model.train()
+    optimizer = build_optimizer(model, settings)
+    scheduler = build_scheduler(optimizer, settings)
+    history: list[dict[str, float]] = []
+    step, train_tokens = 0, 0
+    resume = latest_checkpoint(work_dir)
+    if resume is not None:
+        state = load_checkpoint(resume, model, optimizer, scheduler)
+        step, history = state.step, list(state.extra.get("history", []))
+        train_tokens = int(state.extra.get("train_tokens", 0))
+    result = SFTResult(start_step=step, final_step=step, history=history, train_tokens=train_tokens)
+    start = time.perf_counter()
+    progress = Progress(
+        TextColumn(f"SFT {settings.mode}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("loss {task.fields[loss]}"),
+        TimeRemainingColumn(),
+        disable=not show_progress,
+    )
+    with progress:
+        task = progress.add_task("sft", total=settings.total_steps, completed=step, loss="-")
+        while step < settings.total_steps:
+            t0 = time.perf_counter()
+            record = _train_step(model, optimizer, scheduler, source(step), settings, pad_id, tags)
+            step += 1
+            result.train_tokens += int(record["loss_tokens"])
+            record.update(step=step, step_time_s=time.perf_counter() - t0)
+            if step % settings.log_every == 0 or step == settings.total_steps or step == 1:
+                history.append(record)
+                if metrics_path is not None:
+                    write_json(metrics_path, {"settings": asdict(settings), "history": history})
+            if step % settings.save_every == 0 or step == settings.total_steps:
+                extra = {"history": history, "train_tokens": result.train_tokens}
+                save_checkpoint(
+                    work_dir,
+                    TrainingState(step, extra),
+                    model,
+                    optimizer,
+                    scheduler,
+                    keep_last=settings.keep_checkpoints,
+                )
+            progress.update(task, completed=step, loss=f"{record['loss']:.4f}")
+            if on_step is not None:
+                on_step(step, record)
+    result.final_step = step
+    result.wall_time_s = time.perf_counter() - start
+    model.eval()
+    return result
+
+
+def _train_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    examples: Sequence[SFTExample],
+    settings: SFTSettings,
+    pad_id: int,
+    tags: Any,
+) -> dict[str, float]:
+    if len(examples) != settings.examples_per_step:
+        raise ValueError(
+            f"step source returned {len(examples)} examples, expected {settings.examples_per_step}"
+        )
+    micro = [examples[i : i + settings.batch_size] for i in range(0, len(examples), settings.batch_size)]
+    batches = [collate(chunk, settings.mode, pad_id, tags) for chunk in micro]
+    # Token-mean over the whole accumulated step: each micro-batch's sum is divided by the step's total.
+    n_total = sum(b.n_loss_tokens for b in batches)
+    loss_sum = 0.0
+    for batch in batches:
+        nll, _ = token_nll(model, batch)
+        (nll / n_total).backward()
+        loss_sum += float(nll.detach())
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip)
+    lr = optimizer.param_groups[0]["lr"]
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return {
+        "loss": loss_sum / n_total,
+        "lr": lr,
+        "grad_norm": float(grad_norm),
+        "loss_tokens": n_total,
+        "tokens": sum(b.n_tokens for b in batches),
+    }
