@@ -12,14 +12,11 @@ longest is the token count of the longest branch (``<step>`` through ``</step>``
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from components.engine.ledger import TokenLedger
-
-# A plan's label: digits (possibly dotted) followed by a colon, right after <plan>.
-_LABEL = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)*)\s*:")
+from components.structure import Role, TagIds, parse_label
 
 
 @dataclass(frozen=True)
@@ -36,22 +33,38 @@ class EngineTags:
     takeaway_close: int
 
     @classmethod
-    def from_tag_ids(cls, tags: Any) -> EngineTags:
-        """Adapt ``components.structure.TagIds`` (or any object exposing the tag ids by name)."""
+    def from_tag_ids(cls, tags: TagIds | EngineTags) -> EngineTags:
+        """Adapt ``components.structure.TagIds``; the engine forks schemas shaped like NPR's (a goal of plans
+        closed by an anchor tag, steps, a summary), which have no separate block tag."""
         if isinstance(tags, EngineTags):
             return tags
-        return cls(**{name: int(getattr(tags, name)) for name in cls.__dataclass_fields__})
+        if tags.schema.block is not None or tags.schema.goal is None:
+            raise ValueError(
+                f"the engine forks NPR-shaped schemas (guideline/plan/step/takeaway); {tags.schema.name!r} "
+                "wraps blocks in a separate tag and is not supported in parallel mode"
+            )
+        return cls(
+            guideline_open=tags.id_for(Role.GOAL_OPEN),
+            guideline_close=tags.id_for(Role.GOAL_CLOSE),
+            plan_open=tags.id_for(Role.PLAN_OPEN),
+            plan_close=tags.id_for(Role.PLAN_CLOSE),
+            step_open=tags.id_for(Role.STEP_OPEN),
+            step_close=tags.id_for(Role.STEP_CLOSE),
+            takeaway_open=tags.id_for(Role.SUMMARY_OPEN),
+            takeaway_close=tags.id_for(Role.SUMMARY_CLOSE),
+        )
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer: Any, schema: str = "npr") -> EngineTags:
+        return cls.from_tag_ids(TagIds.from_tokenizer(tokenizer, schema))
 
 
-def plan_labels(block_text: str, tags_text: dict[str, str]) -> list[str]:
-    """Labels (``"1"``, ``"2"``, ...) of the plans of one guideline, in order; a plan without a label
-    gets ``""`` (which makes the fork illegal)."""
-    open_tag, close_tag = tags_text["plan_open"], tags_text["plan_close"]
+def plan_labels(block_text: str, plan_open: str, plan_close: str) -> list[str]:
+    """Labels (``"1"``, ``"2.1"``, ...) of the plans of one guideline, in order, read with the structure
+    package's label rule; a plan without a label gets ``""`` (which makes the fork illegal)."""
     labels = []
-    for chunk in block_text.split(open_tag)[1:]:
-        body = chunk.split(close_tag, 1)[0]
-        m = _LABEL.match(body)
-        labels.append(m.group(1) if m else "")
+    for chunk in block_text.split(plan_open)[1:]:
+        labels.append(parse_label(chunk.split(plan_close, 1)[0]) or "")
     return labels
 
 
@@ -93,11 +106,11 @@ def plan_fork(
         if tag in inner:
             return "illegal tag inside the guideline"
     text = tokenizer.decode(block_ids, skip_special_tokens=False)
-    names = {
-        "plan_open": tokenizer.convert_ids_to_tokens(tags.plan_open),
-        "plan_close": tokenizer.convert_ids_to_tokens(tags.plan_close),
-    }
-    labels = plan_labels(text, names)
+    labels = plan_labels(
+        text,
+        tokenizer.convert_ids_to_tokens(tags.plan_open),
+        tokenizer.convert_ids_to_tokens(tags.plan_close),
+    )
     if not labels:
         return "no plans"
     if len(labels) > max_branches:
