@@ -1,0 +1,173 @@
+"""The parallel-reasoning schemas as data: NPR, Multiverse and Parallel-R1.
+
+Every schema is described by the same roles, so one parser, one scorer and one mask builder serve all:
+
+==========  =====================  ======================  ======================
+role        NPR                    Multiverse              Parallel-R1
+==========  =====================  ======================  ======================
+block       (implicit)             ``<Parallel>``          ``<Parallel>``
+goal        ``<guideline>``        ``<Goal>``              (none)
+plan        ``<plan>``             ``<Outline>``           (none)
+step        ``<step>``             ``<Path>``              ``<Path>``
+summary     ``<takeaway>``         ``<Conclusion>``        ``<Summary>`` (after ``</Parallel>``)
+==========  =====================  ======================  ======================
+
+A block is ``[block-open] goal(plan+) step+ summary [block-close]`` (Parallel-R1:
+``<Parallel> step+ </Parallel> <Summary>…</Summary>``). The *anchor* is the token every step of a block is
+positioned after (``</guideline>``, ``</Goal>``; ``<Parallel>`` when there is no goal); the *merge* token is
+the first token after the steps that sees them all (``<takeaway>``, ``<Conclusion>``; ``</Parallel>``).
+Nesting (a block inside a step) is allowed only where ``max_depth > 1`` (Multiverse; its engine refuses to
+fork deeper than 5). Multiverse's ``<Think>`` wrapper is not part of the schema: our prompts never ask for it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+
+class Role(IntEnum):
+    """What a tag does in the grammar; the scanner reports tags by role so the parser is schema-agnostic."""
+
+    BLOCK_OPEN = 0
+    BLOCK_CLOSE = 1
+    GOAL_OPEN = 2
+    GOAL_CLOSE = 3
+    PLAN_OPEN = 4
+    PLAN_CLOSE = 5
+    STEP_OPEN = 6
+    STEP_CLOSE = 7
+    SUMMARY_OPEN = 8
+    SUMMARY_CLOSE = 9
+
+
+@dataclass(frozen=True)
+class TagPair:
+    """An element's opening and closing tag strings."""
+
+    open: str
+    close: str
+
+
+@dataclass(frozen=True)
+class Schema:
+    """One parallel-reasoning format, as data.
+
+    ``min_*_chars`` are the content lengths (whitespace removed) below which the format score penalises an
+    element; ``labelled`` schemas require plans and steps to start with ``N:`` (``1:``, ``2.1:``) and steps
+    to repeat the plan labels in order; ``min_steps`` applies to schemas without plans (with plans, the
+    number of steps must equal the number of plans).
+    """
+
+    name: str
+    step: TagPair
+    summary: TagPair
+    block: TagPair | None = None
+    goal: TagPair | None = None
+    plan: TagPair | None = None
+    summary_after_block: bool = False
+    max_depth: int = 1
+    labelled: bool = True
+    min_steps: int = 1
+    min_plan_chars: int = 3
+    min_step_chars: int = 6
+    min_summary_chars: int = 6
+    role_of: dict[str, Role] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.goal is None and self.block is None:
+            raise ValueError(f"schema {self.name}: a schema needs a goal or a block tag to anchor its steps")
+        if (self.goal is None) != (self.plan is None):
+            raise ValueError(f"schema {self.name}: goal and plan tags come together")
+        if self.summary_after_block and self.block is None:
+            raise ValueError(f"schema {self.name}: summary_after_block needs a block tag")
+        if self.max_depth < 1:
+            raise ValueError(f"schema {self.name}: max_depth must be >= 1")
+        roles: dict[str, Role] = {}
+        pairs = [
+            (self.block, Role.BLOCK_OPEN, Role.BLOCK_CLOSE),
+            (self.goal, Role.GOAL_OPEN, Role.GOAL_CLOSE),
+            (self.plan, Role.PLAN_OPEN, Role.PLAN_CLOSE),
+            (self.step, Role.STEP_OPEN, Role.STEP_CLOSE),
+            (self.summary, Role.SUMMARY_OPEN, Role.SUMMARY_CLOSE),
+        ]
+        for pair, open_role, close_role in pairs:
+            if pair is None:
+                continue
+            for tag, role in ((pair.open, open_role), (pair.close, close_role)):
+                if tag in roles:
+                    raise ValueError(f"schema {self.name}: tag {tag!r} used twice")
+                roles[tag] = role
+        object.__setattr__(self, "role_of", roles)
+
+    @property
+    def tags(self) -> tuple[str, ...]:
+        """Every tag string of the schema (models add these as special tokens)."""
+        return tuple(self.role_of)
+
+    @property
+    def nesting(self) -> bool:
+        return self.max_depth > 1
+
+    @property
+    def opener(self) -> Role:
+        """The role of the tag that opens a block."""
+        return Role.BLOCK_OPEN if self.block is not None else Role.GOAL_OPEN
+
+    @property
+    def anchor(self) -> Role:
+        """The role of the tag whose position every step of its block restarts after."""
+        return Role.GOAL_CLOSE if self.goal is not None else Role.BLOCK_OPEN
+
+    @property
+    def merge(self) -> Role:
+        """The role of the first tag after the steps; it is positioned after the longest step."""
+        return Role.BLOCK_CLOSE if self.summary_after_block else Role.SUMMARY_OPEN
+
+    def tag(self, role: Role) -> str:
+        """The tag string playing ``role`` (KeyError if the schema has none)."""
+        for tag, r in self.role_of.items():
+            if r == role:
+                return tag
+        raise KeyError(f"schema {self.name} has no tag for role {role.name}")
+
+
+NPR = Schema(
+    name="npr",
+    goal=TagPair("<guideline>", "</guideline>"),
+    plan=TagPair("<plan>", "</plan>"),
+    step=TagPair("<step>", "</step>"),
+    summary=TagPair("<takeaway>", "</takeaway>"),
+)
+
+MULTIVERSE = Schema(
+    name="multiverse",
+    block=TagPair("<Parallel>", "</Parallel>"),
+    goal=TagPair("<Goal>", "</Goal>"),
+    plan=TagPair("<Outline>", "</Outline>"),
+    step=TagPair("<Path>", "</Path>"),
+    summary=TagPair("<Conclusion>", "</Conclusion>"),
+    max_depth=5,
+)
+
+PARALLEL_R1 = Schema(
+    name="parallel_r1",
+    block=TagPair("<Parallel>", "</Parallel>"),
+    step=TagPair("<Path>", "</Path>"),
+    summary=TagPair("<Summary>", "</Summary>"),
+    summary_after_block=True,
+    labelled=False,
+    min_steps=2,
+)
+
+SCHEMAS: dict[str, Schema] = {s.name: s for s in (NPR, MULTIVERSE, PARALLEL_R1)}
+
+
+def get_schema(name: str | Schema) -> Schema:
+    """The schema called ``name`` (``npr``, ``multiverse``, ``parallel_r1``); a Schema passes through."""
+    if isinstance(name, Schema):
+        return name
+    try:
+        return SCHEMAS[name]
+    except KeyError:
+        raise ValueError(f"unknown structure schema {name!r}; known: {', '.join(SCHEMAS)}") from None
