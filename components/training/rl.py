@@ -1,0 +1,529 @@
+"""The local RL recipe (CPU or one GPU): NPR-Zero and SR with DAPO, NPR with PAPO.
+
+One training step:
+
+1. **Rollouts** from ``components.engine.generate``: ``prompts_per_step`` problems x ``group_size`` samples,
+   sequential visibility (NPR-Zero, SR) or native parallel decoding (PAPO).
+2. **Rewards** from ``components.grading.rewards.score_many`` (``stage1`` / ``stage3``) plus DAPO's overlong
+   penalty when ``overlong_buffer_len > 0``.
+3. **Structural filtering** (PAPO): a rollout whose response the canonical mask builder
+   (``components.parallel``) rejects, or that the reward flags as filtered, is dropped and counted by
+   reason; it is never scored.
+4. **Dynamic sampling** (DAPO): groups whose rewards are all equal are dropped and refilled from further
+   generation batches up to ``max_gen_batches`` (``components.training.dapo.DynamicSampler``).
+5. **Advantages and loss** by calling verl's registered functions (``rl_objective``): ``grpo`` + ``vanilla``
+   for DAPO, ``papo`` + ``papo`` for PAPO. PAPO is strictly on-policy (``old_log_prob = sg(log_prob)``, no
+   old-policy pass). DAPO recomputes old log-probs once per batch only when ``mini_batches > 1`` (with one
+   mini-batch the ratio is identically 1 and the pass would be wasted).
+6. AdamW step per mini-batch, gradient clipping, LR schedule per training step.
+
+Around it: held-out evaluation (``eval_every``; also before training so the gain over the starting model
+is measured) with ``components.grading.judge_many``/``summarize``; checkpoints in the stage's work dir
+every ``save_every`` steps and resume from the newest one; per-step metrics appended to
+``<work_dir>/metrics.jsonl`` (and W&B through ``components.tracking`` when that module is present).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from components.engine import GenerationConfig, generate
+from components.grading.judge import judge_many, summarize
+from components.grading.rewards import score_many
+from components.parallel import TagIds
+from components.prompts import render_prompt
+from components.training.checkpoint import TrainingState, latest_checkpoint, load_checkpoint, save_checkpoint
+from components.training.dapo import DynamicSampler, DynamicSamplingStats, overlong_penalty
+from components.training.rl_batch import (
+    Rollout,
+    build_policy_batch,
+    response_log_probs,
+    structural_rejection,
+)
+from components.training.rl_objective import actor_config, compute_advantages, compute_policy_loss
+
+Group = list[Rollout]
+
+
+@dataclass
+class RLRunResult:
+    """What a run returns to its stage: final metrics, the eval history and the per-step log."""
+
+    metrics: dict[str, Any]
+    history: list[dict[str, Any]] = field(default_factory=list)
+    evals: list[dict[str, Any]] = field(default_factory=list)
+
+
+def lr_lambda(stage_cfg: Any):
+    """Multiplier of the base LR at training step ``s`` (linear warmup, then constant or cosine)."""
+    warmup, total, floor = stage_cfg.lr_warmup_steps, max(1, stage_cfg.steps), stage_cfg.min_lr_ratio
+
+    def factor(step: int) -> float:
+        if warmup and step < warmup:
+            return (step + 1) / warmup
+        if stage_cfg.lr_scheduler == "constant":
+            return 1.0
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return factor
+
+
+class RLTrainer:
+    """One RL stage on a local model. ``run()`` trains (resuming if a checkpoint exists) and evaluates."""
+
+    def __init__(
+        self,
+        stage: str,
+        cfg: Any,
+        model: Any,
+        tokenizer: Any,
+        train_problems: list[dict[str, Any]],
+        eval_problems: list[dict[str, Any]],
+        work_dir: Path,
+    ) -> None:
+        self.stage, self.cfg, self.sc = stage, cfg, getattr(cfg, stage)
+        self.model, self.tokenizer = model, tokenizer
+        if not train_problems:
+            raise ValueError(f"{stage}: no training problems")
+        if not eval_problems:
+            raise ValueError(f"{stage}: no held-out problems to evaluate on")
+        self.train_problems = list(train_problems)
+        self.eval_problems = list(eval_problems)[: self.sc.eval_n]
+        self.work_dir = Path(work_dir)
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        if self.sc.engine_mode == "parallel" and not self.sc.structural_filter:
+            # the 4D mask only exists for well-formed traces: malformed parallel rollouts must be filtered
+            raise ValueError(f"{stage}: engine_mode 'parallel' needs structural_filter: true")
+        needs_tags = self.sc.engine_mode == "parallel" or self.sc.structural_filter
+        self.tags = TagIds.from_tokenizer(tokenizer, cfg.schema_name) if needs_tags else None
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.actor_cfg = actor_config(self.sc)
+        self.optimizer = torch.optim.AdamW(
+            model.parameters(),
+            lr=self.sc.lr,
+            betas=tuple(self.sc.adam_betas),
+            weight_decay=self.sc.weight_decay,
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(self.sc))
+        self.order = list(range(len(self.train_problems)))
+        random.Random(self.sc.seed).shuffle(self.order)
+        self.cursor = 0  # position in `order` of the next training problem (saved with checkpoints)
+        self.step = 0
+        self.evals: list[dict[str, Any]] = []
+        self.tracker = _open_tracker(cfg, stage, self.work_dir)
+
+    # ----------------------------------------------------------------------------------- generation
+    def _gen_cfg(self, mode: str, temperature: float, top_p: float, seed: int) -> GenerationConfig:
+        return GenerationConfig(
+            mode=mode,
+            temperature=temperature,
+            top_p=top_p,
+            max_new_tokens=self.sc.max_new_tokens,
+            batch_size=max(1, self.sc.prompts_per_step * self.sc.group_size),
+            step_repetition_penalty=1.0,
+            seed=seed,
+        )
+
+    def _prompt(self, problem: dict[str, Any]) -> str:
+        return render_prompt(self.tokenizer, problem["problem"], self.cfg.prompts, self.sc.prompt_style)
+
+    def _next_problems(self, n: int) -> list[dict[str, Any]]:
+        out = []
+        for _ in range(n):
+            out.append(self.train_problems[self.order[self.cursor % len(self.order)]])
+            self.cursor += 1
+        return out
+
+    def _rollout_groups(self, gen_index: int, counters: Counter) -> list[Group]:
+        """One generation batch: sample, score and (PAPO) structurally filter; returns groups of survivors."""
+        n_prompts = self.sc.gen_batch_prompts or self.sc.prompts_per_step
+        problems = self._next_problems(n_prompts)
+        prompts = [self._prompt(p) for p in problems for _ in range(self.sc.group_size)]
+        seed = self.sc.seed * 1_000_003 + self.step * 1_009 + gen_index
+        self.model.eval()
+        start = time.perf_counter()
+        with torch.no_grad():
+            gens = generate(
+                self.model,
+                self.tokenizer,
+                prompts,
+                self._gen_cfg(self.sc.engine_mode, self.sc.temperature, self.sc.top_p, seed),
+                self.tags,
+            )
+        counters["rollout_time_s"] += time.perf_counter() - start
+        golds = [str(p["answer"]) for p in problems for _ in range(self.sc.group_size)]
+        results = score_many(
+            self.sc.reward, [g.text for g in gens], golds, self.cfg.schema_name, self.cfg.grading
+        )
+
+        rollouts: list[Rollout] = []
+        for i, (gen, res) in enumerate(zip(gens, results, strict=True)):
+            problem = problems[i // self.sc.group_size]
+            stop = [gen.stop_token_id] if gen.stop_token_id is not None else []
+            rollouts.append(
+                Rollout(
+                    group_id=f"s{self.step}-b{gen_index}-p{i // self.sc.group_size}",
+                    problem_id=str(problem["id"]),
+                    answer=str(problem["answer"]),
+                    prompt_ids=list(gen.prompt_ids),
+                    response_ids=list(gen.token_ids) + stop,
+                    text=gen.text,
+                    finish_reason=gen.finish_reason,
+                    parallel_taken=gen.parallel_taken,
+                    reward=res.score,
+                    correct=res.correct,
+                    valid=res.valid,
+                    format_score=res.format_score,
+                    extra={"filtered_by_reward": res.filtered},
+                )
+            )
+            counters["generated_tokens"] += len(gen.token_ids)
+        counters["rollouts"] += len(rollouts)
+        counters["rollouts_truncated"] += sum(r.truncated for r in rollouts)
+        counters["rollouts_parallel"] += sum(r.parallel_taken for r in rollouts)
+        counters["rollouts_valid"] += sum(r.valid for r in rollouts)
+        counters["rollouts_correct_and_valid"] += sum(r.correct and r.valid for r in rollouts)
+        counters["response_tokens"] += sum(len(r.response_ids) for r in rollouts)
+        if self.sc.overlong_buffer_len > 0:
+            lengths = torch.tensor([len(r.response_ids) for r in rollouts])
+            penalties = overlong_penalty(
+                lengths, self.sc.max_new_tokens, self.sc.overlong_buffer_len, self.sc.overlong_penalty_factor
+            )
+            for r, pen in zip(rollouts, penalties.tolist(), strict=True):
+                r.reward += pen
+                counters["overlong_penalised"] += pen < 0
+
+        kept: list[Rollout] = []
+        for r in rollouts:
+            reason = None
+            if not r.response_ids:
+                reason = "empty_response"
+            elif self.sc.structural_filter:
+                reason = structural_rejection(r, self.tags)
+                if reason is None and r.extra["filtered_by_reward"]:
+                    reason = "reward_filtered"
+            if reason is None:
+                kept.append(r)
+            else:
+                counters["structurally_rejected"] += 1
+                counters[f"rejected/{reason}"] += 1
+        groups: dict[str, Group] = {}
+        for r in kept:
+            groups.setdefault(r.group_id, []).append(r)
+        counters["groups_generated"] += n_prompts
+        counters["groups_zero_std"] += sum(
+            1 for g in groups.values() if len(g) > 1 and float(np.std([r.reward for r in g])) == 0.0
+        )
+        counters["groups_emptied"] += n_prompts - len(groups)
+        return list(groups.values())
+
+    # ----------------------------------------------------------------------------------- update
+    def _update(self, groups: list[Group], counters: Counter) -> dict[str, float]:
+        rollouts = [r for g in groups for r in g]
+        self.model.train()
+        start = time.perf_counter()
+        rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float32)
+        uids = [r.group_id for r in rollouts]
+        parallel_tags = self.tags if self.sc.engine_mode == "parallel" else None
+        full = build_policy_batch(rollouts, self.pad_id, parallel_tags)
+        advantages = compute_advantages(self.sc.algorithm, rewards, full.response_mask, uids)
+
+        chunks = [
+            c
+            for c in np.array_split(np.arange(len(groups)), min(self.sc.mini_batches, len(groups)))
+            if len(c)
+        ]
+        old_log_probs: list[torch.Tensor | None] = [None] * len(chunks)
+        index_of: list[list[int]] = []
+        offsets = np.cumsum([0] + [len(g) for g in groups])
+        for c in chunks:
+            index_of.append([i for gi in c for i in range(offsets[gi], offsets[gi + 1])])
+        if self.sc.algorithm != "papo" and len(chunks) > 1:
+            # decoupled PPO: the rollout policy's log-probs, computed once before the first update
+            with torch.no_grad():
+                for k, idx in enumerate(index_of):
+                    batch = build_policy_batch([rollouts[i] for i in idx], self.pad_id, parallel_tags)
+                    old_log_probs[k], _ = response_log_probs(self.model, batch, self.sc.temperature)
+
+        stats: dict[str, list[float]] = {"loss": [], "grad_norm": [], "entropy": [], "clipfrac": [], "kl": []}
+        for k, idx in enumerate(index_of):
+            batch = build_policy_batch([rollouts[i] for i in idx], self.pad_id, parallel_tags)
+            log_prob, entropy = response_log_probs(self.model, batch, self.sc.temperature, with_entropy=True)
+            old = old_log_probs[k] if old_log_probs[k] is not None else log_prob.detach()
+            adv = advantages[idx][:, : log_prob.shape[1]]
+            loss, loss_metrics = compute_policy_loss(
+                self.sc.algorithm, old, log_prob, adv, batch.response_mask, self.actor_cfg
+            )
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.sc.grad_clip)
+            if torch.isfinite(grad_norm):
+                self.optimizer.step()
+            else:
+                counters["skipped_nonfinite_grad"] += 1
+            mask = batch.response_mask
+            stats["loss"].append(loss.item())
+            stats["grad_norm"].append(float(grad_norm))
+            stats["entropy"].append(float((entropy * mask).sum() / mask.sum()))
+            stats["clipfrac"].append(float(loss_metrics.get("actor/pg_clipfrac", 0.0)))
+            stats["kl"].append(float(loss_metrics.get("actor/ppo_kl", 0.0)))
+        self.scheduler.step()
+        counters["update_time_s"] += time.perf_counter() - start
+        counters["trained_tokens"] += int(full.response_mask.sum())
+        return {
+            "actor/pg_loss": float(np.mean(stats["loss"])),
+            "actor/grad_norm": float(np.mean(stats["grad_norm"])),
+            "actor/entropy": float(np.mean(stats["entropy"])),
+            "actor/pg_clipfrac": float(np.mean(stats["clipfrac"])),
+            "actor/ppo_kl": float(np.mean(stats["kl"])),
+            "actor/lr": float(self.scheduler.get_last_lr()[0]),
+            "actor/optimizer_steps": float(len(index_of)),
+        }
+
+    # ----------------------------------------------------------------------------------- evaluation
+    def evaluate(self) -> dict[str, Any]:
+        """Held-out metrics of the current policy: one sample per problem, the stage's engine mode."""
+        prompts = [self._prompt(p) for p in self.eval_problems]
+        self.model.eval()
+        start = time.perf_counter()
+        with torch.no_grad():
+            gens = generate(
+                self.model,
+                self.tokenizer,
+                prompts,
+                self._gen_cfg(
+                    self.sc.engine_mode, self.sc.eval_temperature, self.sc.eval_top_p, self.sc.seed
+                ),
+                self.tags,
+            )
+        wall = time.perf_counter() - start
+        judgements = judge_many(
+            [g.text for g in gens],
+            [str(p["answer"]) for p in self.eval_problems],
+            self.cfg.schema_name,
+            self.cfg.grading,
+        )
+        summary = summarize(judgements)
+        return {
+            "step": self.step,
+            "format_valid": summary["format_valid"],
+            "accuracy": summary["accuracy"],
+            "correct_and_valid": summary["correct_and_valid"],
+            "mean_format_score": summary["mean_format_score"],
+            "parallel_rate": sum(g.parallel_taken for g in gens) / len(gens),
+            "response_length_mean": float(np.mean([len(g.token_ids) for g in gens])),
+            "n": summary["n"],
+            "wall_s": round(wall, 3),
+        }
+
+    # ----------------------------------------------------------------------------------- checkpoints
+    def _save(self) -> None:
+        state = TrainingState(step=self.step, extra={"cursor": self.cursor, "evals": self.evals})
+        save_checkpoint(self.work_dir, state, self.model, self.optimizer, self.scheduler)
+
+    def _resume(self) -> bool:
+        path = latest_checkpoint(self.work_dir)
+        if path is None:
+            return False
+        state = load_checkpoint(path, self.model, self.optimizer, self.scheduler)
+        self.step = state.step
+        self.cursor = int(state.extra.get("cursor", 0))
+        self.evals = list(state.extra.get("evals", []))
+        return True
+
+    # ----------------------------------------------------------------------------------- main loop
+    def train_step(self) -> dict[str, Any]:
+        counters: Counter = Counter()
+        sampler: DynamicSampler[Group] = DynamicSampler(
+            generate=lambda k: self._rollout_groups(k, counters),
+            scores_of=lambda g: [r.reward for r in g],
+            target_groups=self.sc.prompts_per_step,
+            max_gen_batches=self.sc.max_gen_batches,
+            enabled=self.sc.dynamic_sampling and self.sc.algorithm == "dapo",
+        )
+        groups, ds_stats = sampler.collect()
+        metrics: dict[str, Any] = {"step": self.step + 1}
+        if groups:
+            metrics.update(self._update(groups, counters))
+        else:
+            counters["steps_without_update"] += 1
+        metrics.update(self._step_metrics(groups, counters, ds_stats))
+        self.step += 1
+        return metrics
+
+    def _step_metrics(self, groups: list[Group], c: Counter, ds: DynamicSamplingStats) -> dict[str, Any]:
+        trained = [r for g in groups for r in g]
+        rewards = [r.reward for r in trained]
+        n = max(1, c["rollouts"])
+        out: dict[str, Any] = {
+            "reward/mean": float(np.mean(rewards)) if rewards else float("nan"),
+            "reward/std": float(np.std(rewards)) if rewards else float("nan"),
+            "frac_reward_zero_std": c["groups_zero_std"] / max(1, c["groups_generated"]),
+            "response_length/mean": c["response_tokens"] / n,
+            "response_length/clip_ratio": c["rollouts_truncated"] / n,
+            "rollout/format_valid": c["rollouts_valid"] / n,
+            "rollout/correct_and_valid": c["rollouts_correct_and_valid"] / n,
+            "rollout/parallel_rate": c["rollouts_parallel"] / n,
+            "rollout/structurally_rejected": float(c["structurally_rejected"]),
+            "rollout/groups_emptied_by_filter": float(c["groups_emptied"]),
+            "train/num_gen_batches": float(ds.num_gen_batches),
+            "train/rollouts_generated": float(c["rollouts"]),
+            "train/rollouts_trained": float(len(trained)),
+            "train/trained_valid_fraction": (sum(r.valid for r in trained) / len(trained))
+            if trained
+            else 0.0,
+            "perf/tokens_per_s": c["generated_tokens"] / max(1e-9, c["rollout_time_s"]),
+            "timing_s/rollout": round(c["rollout_time_s"], 3),
+            "timing_s/update": round(c["update_time_s"], 3),
+        }
+        out.update(ds.as_metrics("dynamic_sampling"))
+        out.update({f"rollout/{k}": float(v) for k, v in c.items() if k.startswith("rejected/")})
+        if c["steps_without_update"]:
+            out["train/steps_without_update"] = float(c["steps_without_update"])
+        if c["skipped_nonfinite_grad"]:
+            out["train/skipped_nonfinite_grad"] = float(c["skipped_nonfinite_grad"])
+        return out
+
+    def run(self, max_steps: int | None = None) -> RLRunResult:
+        """Train to ``steps`` (or stop after ``max_steps`` more, to simulate an interruption in tests)."""
+        resumed = self._resume()
+        if not resumed and self.sc.eval_before_train:
+            self.evals.append(self.evaluate())
+            self._log({"eval": self.evals[-1]})
+        history: list[dict[str, Any]] = []
+        done = 0
+        while self.step < self.sc.steps and (max_steps is None or done < max_steps):
+            metrics = self.train_step()
+            done += 1
+            if self.step % self.sc.eval_every == 0 or self.step == self.sc.steps:
+                self.evals.append(self.evaluate())
+                metrics["eval"] = self.evals[-1]
+            history.append(metrics)
+            self._log(metrics)
+            if self.step % self.sc.save_every == 0 or self.step == self.sc.steps:
+                self._save()
+        return RLRunResult(metrics=self.summary(history, resumed), history=history, evals=list(self.evals))
+
+    def summary(self, history: list[dict[str, Any]], resumed: bool) -> dict[str, Any]:
+        """Stage metrics: first and last held-out eval, their deltas, and run totals."""
+        out: dict[str, Any] = {"steps": self.step, "resumed": resumed, "algorithm": self.sc.algorithm}
+        if self.evals:
+            first, last = self.evals[0], self.evals[-1]
+            for key in ("format_valid", "accuracy", "correct_and_valid", "parallel_rate"):
+                out[f"initial/{key}"] = first[key]
+                out[f"final/{key}"] = last[key]
+                out[f"delta/{key}"] = last[key] - first[key]
+            # the early accuracy dip while the policy switches format is reported, not hidden
+            out["min/accuracy"] = min(e["accuracy"] for e in self.evals)
+            out["evals"] = self.evals
+        if history:
+            trained = sum(h["train/rollouts_trained"] for h in history)
+            out["train/rollouts_trained"] = trained
+            out["train/rollouts_generated"] = sum(h["train/rollouts_generated"] for h in history)
+            out["train/structurally_rejected"] = sum(h["rollout/structurally_rejected"] for h in history)
+            out["train/trained_valid_fraction"] = (
+                sum(h["train/trained_valid_fraction"] * h["train/rollouts_trained"] for h in history)
+                / trained
+                if trained
+                else 0.0
+            )
+            out["train/num_gen_batches"] = sum(h["train/num_gen_batches"] for h in history)
+            out["perf/tokens_per_s"] = float(np.mean([h["perf/tokens_per_s"] for h in history]))
+        return out
+
+    def _log(self, metrics: dict[str, Any]) -> None:
+        with (self.work_dir / "metrics.jsonl").open("a", encoding="utf-8") as f:
+            f.write(json.dumps({"stage": self.stage, "step": self.step, **metrics}, default=float) + "\n")
+        if self.tracker is not None:
+            flat = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
+            flat.update(
+                {f"eval/{k}": v for k, v in metrics.get("eval", {}).items() if isinstance(v, (int, float))}
+            )
+            self.tracker.log({f"{self.stage}/{k}": v for k, v in flat.items()}, step=self.step)
+
+
+def _open_tracker(cfg: Any, stage: str, work_dir: Path) -> Any | None:
+    """The W&B run from ``components.tracking`` when the ops module is installed; None otherwise."""
+    try:
+        import components.tracking as tracking
+    except ModuleNotFoundError as err:
+        if err.name == "components.tracking":
+            return None
+        raise
+    return tracking.start_run(cfg, stage=stage, run_dir=work_dir)
+
+
+def run_rl_stage(stage: str, cfg: Any, io: Any) -> dict[str, Any]:
+    """The body of the stages ``npr_zero``, ``papo_rl`` and ``sr_rl``: train, save the model, return metrics.
+
+    Reads ``<init_from>/model`` and ``sample_orz/problems`` (train split to train on, test split held out);
+    writes ``model`` atomically; checkpoints and the step log live in ``artifacts/<stage>/work/``.
+    """
+    from components.artifacts import atomic_dir
+    from components.data.problems import load_problems
+    from components.models.loading import load_model, save_model
+
+    sc = getattr(cfg, stage)
+    init_dir = io.input(f"{sc.init_from}/model")
+    problems_dir = io.input("sample_orz/problems")
+    out_dir = io.output("model")
+    work_dir = Path(out_dir).parent / "work"
+    if sc.backend == "verl":
+        return _run_verl_stage(stage, cfg, init_dir, problems_dir, out_dir, work_dir)
+    model, tokenizer = load_model(init_dir, cfg.models, cfg.run, for_training=True)
+    trainer = RLTrainer(
+        stage,
+        cfg,
+        model,
+        tokenizer,
+        load_problems(problems_dir, "train"),
+        load_problems(problems_dir, "test"),
+        work_dir,
+    )
+    result = trainer.run()
+    with atomic_dir(out_dir) as tmp:
+        save_model(model, tokenizer, tmp)
+    return result.metrics
+
+
+def _run_verl_stage(
+    stage: str, cfg: Any, init_dir: Path, problems_dir: Path, out_dir: Path, work_dir: Path
+) -> dict[str, Any]:
+    """GPU path: submit the verl job, then merge its last FSDP checkpoint into an HF directory."""
+    import subprocess
+
+    from components.artifacts import atomic_dir
+    from components.training.verl_launch import prepare_launch
+
+    run_dir = work_dir / "verl"
+    command, overrides_file = prepare_launch(stage, cfg, init_dir, problems_dir, run_dir)
+    completed = subprocess.run(command, check=False)
+    if completed.returncode != 0:
+        raise RuntimeError(
+            f"verl job for {stage} failed with exit code {completed.returncode}: {overrides_file}"
+        )
+    steps = sorted(
+        (run_dir / "checkpoints").glob("global_step_*"), key=lambda p: int(p.name.rsplit("_", 1)[1])
+    )
+    if not steps:
+        raise RuntimeError(f"verl job for {stage} finished without a checkpoint in {run_dir / 'checkpoints'}")
+    with atomic_dir(out_dir) as tmp:
+        merge = ["python", "-m", "verl.model_merger", "merge", "--backend", "fsdp"]
+        merge += ["--local_dir", str(steps[-1] / "actor"), "--target_dir", str(tmp)]
+        subprocess.run(merge, check=True)
+    return {
+        "backend": "verl",
+        "steps": int(steps[-1].name.rsplit("_", 1)[1]),
+        "overrides": str(overrides_file),
+    }

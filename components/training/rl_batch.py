@@ -1,0 +1,165 @@
+"""Rollouts as training tensors, and the policy forward that scores them (one call for the whole batch).
+
+Layout: each row is ``prompt + response`` right-padded to the batch's longest row. Response-aligned tensors
+(``(bs, R)``, verl's layout) are gathered from the full-sequence logits through ``response_index``.
+
+Sequential visibility (NPR-Zero, SR) uses a 2D padding mask and ordinary positions. Parallel visibility
+(PAPO) uses the canonical builder ``components.parallel.batch_parallel_attention_inputs``: one 4D bool mask
+``(bs, 1, L, L)`` with each row's own sibling-step blocking, and its position ids, so the whole batch goes
+through the model in a single forward (the public NPR actor loops over samples one by one).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from components.parallel import (
+    StructureError,
+    TagIds,
+    batch_parallel_attention_inputs,
+    parallel_segments,
+    to_additive_mask,
+)
+
+
+@dataclass
+class Rollout:
+    """One sampled response to one prompt, with what grading said about it."""
+
+    group_id: str
+    problem_id: str
+    answer: str
+    prompt_ids: list[int]
+    response_ids: list[int]  # the engine's response plus its stop token when it stopped on one
+    text: str
+    finish_reason: str
+    parallel_taken: bool
+    reward: float = 0.0
+    correct: bool = False
+    valid: bool = False
+    format_score: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def truncated(self) -> bool:
+        return self.finish_reason == "length"
+
+
+@dataclass
+class PolicyBatch:
+    """Padded tensors of a list of rollouts.
+
+    Shapes: ``input_ids``/``position_ids`` ``(bs, L)``; ``attention_mask`` ``(bs, L)`` long (sequential) or
+    ``(bs, 1, L, L)`` bool (parallel, True = may attend); ``response_index``/``response_mask`` ``(bs, R)``.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    position_ids: torch.Tensor
+    response_index: torch.Tensor
+    response_mask: torch.Tensor
+
+    def __len__(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def parallel(self) -> bool:
+        return self.attention_mask.dim() == 4
+
+
+def structural_rejection(rollout: Rollout, tags: TagIds) -> str | None:
+    """Why the canonical mask builder rejects this rollout's response, or None if it accepts it."""
+    try:
+        parallel_segments(rollout.prompt_ids + rollout.response_ids, tags, start=len(rollout.prompt_ids))
+    except StructureError as err:
+        return str(getattr(err, "reason", None) or err)
+    return None
+
+
+def build_policy_batch(rollouts: list[Rollout], pad_id: int, tags: TagIds | None = None) -> PolicyBatch:
+    """Pad rollouts into a ``PolicyBatch``; with ``tags`` the attention is the parallel 4D mask.
+
+    Raises ValueError for an empty list or a rollout without response tokens, and StructureError (from the
+    canonical builder) when ``tags`` is given and a response is malformed: filter first.
+    """
+    if not rollouts:
+        raise ValueError("cannot build a policy batch from no rollouts")
+    if any(not r.response_ids for r in rollouts):
+        raise ValueError("every rollout needs at least one response token")
+    seqs = [r.prompt_ids + r.response_ids for r in rollouts]
+    starts = [len(r.prompt_ids) for r in rollouts]
+    bs, length = len(seqs), max(len(s) for s in seqs)
+    resp_len = max(len(r.response_ids) for r in rollouts)
+
+    input_ids = torch.full((bs, length), pad_id, dtype=torch.long)
+    for b, s in enumerate(seqs):
+        input_ids[b, : len(s)] = torch.tensor(s, dtype=torch.long)
+    response_mask = torch.zeros(bs, resp_len, dtype=torch.float32)
+    response_index = torch.zeros(bs, resp_len, dtype=torch.long)
+    for b, r in enumerate(rollouts):
+        n = len(r.response_ids)
+        response_mask[b, :n] = 1.0
+        # padding columns point at the row's last real token; they are masked out of every loss
+        response_index[b] = torch.clamp(torch.arange(resp_len) + starts[b], max=len(seqs[b]) - 1)
+
+    if tags is not None:
+        attention_mask, position_ids = batch_parallel_attention_inputs(
+            seqs, tags, starts=starts, pad_to=length
+        )
+    else:
+        attention_mask = torch.zeros(bs, length, dtype=torch.long)
+        for b, s in enumerate(seqs):
+            attention_mask[b, : len(s)] = 1
+        position_ids = torch.arange(length).unsqueeze(0).expand(bs, -1).clone()
+    return PolicyBatch(input_ids, attention_mask, position_ids, response_index, response_mask)
+
+
+def _model_mask(model: Any, mask: torch.Tensor) -> torch.Tensor:
+    if mask.dim() != 4:
+        return mask
+    # eager attention adds the mask to the scores: a bool mask there is silently wrong (stack-ml.md §2)
+    if getattr(model.config, "_attn_implementation", "sdpa") == "eager":
+        return to_additive_mask(mask, next(model.parameters()).dtype)
+    return mask
+
+
+def response_log_probs(
+    model: Any, batch: PolicyBatch, temperature: float = 1.0, with_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probabilities of the response tokens under ``model`` in one forward call.
+
+    Args:
+        model: a causal LM taking ``input_ids``, ``attention_mask`` (2D or 4D), ``position_ids``.
+        batch: the padded rollouts.
+        temperature: logits are divided by it, as verl's actor does with the rollout temperature.
+        with_entropy: also return the per-token entropy (detached).
+
+    Returns:
+        ``log_prob`` ``(bs, R)`` (zero on padding; carries the gradient) and ``entropy`` ``(bs, R)`` or None.
+    """
+    device = next(model.parameters()).device
+    out = model(
+        input_ids=batch.input_ids.to(device),
+        attention_mask=_model_mask(model, batch.attention_mask.to(device)),
+        position_ids=batch.position_ids.to(device),
+        use_cache=False,
+    )
+    logits = out.logits
+    if temperature > 0 and temperature != 1.0:
+        logits = logits / temperature
+    # token j is predicted by the logits at j - 1
+    pred_index = (batch.response_index.to(device) - 1).clamp(min=0)
+    vocab = logits.shape[-1]
+    step_logits = logits.gather(1, pred_index.unsqueeze(-1).expand(-1, -1, vocab)).float()
+    log_probs_all = torch.log_softmax(step_logits, dim=-1)
+    targets = batch.input_ids.to(device).gather(1, batch.response_index.to(device))
+    mask = batch.response_mask.to(device)
+    log_prob = log_probs_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1) * mask
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():
+            entropy = -(log_probs_all.exp() * log_probs_all).sum(-1) * mask
+    return log_prob, entropy
