@@ -1,0 +1,180 @@
+"""Stage ``distill``: K sampled trajectories per training problem from a checkpoint, graded (NPR stage 2).
+
+Problems are the train split of ``sample_orz/problems`` in file order (the first ``n_problems``); the
+model is ``artifacts/<distill.init_from>/model``. Prompts use the parallel instruction (the paper samples
+NPR-Zero with it); the engine mode is ``distill.generation.mode`` (sequential visibility by default, as in
+the paper). Each response is judged with ``components.grading.judge_many``.
+
+Resumable: problems are decoded in chunks of ``generation.batch_size // k`` problems; each finished chunk
+is written to ``artifacts/distill/work/chunk-NNNNN.jsonl`` (atomically) and a rerun skips it. The work dir
+carries a fingerprint of everything that shapes the samples (config sections, prompt hash, model files);
+a different fingerprint clears it so stale samples are never mixed in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import shutil
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from components.artifacts import (
+    atomic_dir,
+    read_json,
+    read_jsonl,
+    read_shards,
+    write_json,
+    write_jsonl,
+    write_shards,
+)
+from components.config import PipelineConfig
+from components.dag import StageIO
+from components.prompts import prompt_fingerprint, render_prompt
+
+WORK_DIR_NAME = "work"
+
+
+def _model_fingerprint(model_dir: Path) -> list[tuple[str, int, int]]:
+    """Name, size and mtime of every model file: changes whenever the checkpoint is rewritten."""
+    return sorted(
+        (p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in model_dir.iterdir() if p.is_file()
+    )
+
+
+def work_fingerprint(cfg: PipelineConfig, model_dir: Path, problem_ids: list[str]) -> str:
+    payload = {
+        "sections": cfg.section_hash("distill", "grading", "models", "run"),
+        "schema": cfg.schema_name,
+        "prompt": prompt_fingerprint(cfg.prompts)["prompt_hash"],
+        "model": _model_fingerprint(model_dir),
+        "problems": hashlib.sha256("\n".join(problem_ids).encode()).hexdigest(),
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def prepare_work_dir(work: Path, fingerprint: str) -> None:
+    """Keep the work dir if it belongs to this exact run, else start it afresh."""
+    stamp = work / "fingerprint.json"
+    if work.exists() and (not stamp.exists() or read_json(stamp).get("fingerprint") != fingerprint):
+        shutil.rmtree(work)
+    work.mkdir(parents=True, exist_ok=True)
+    write_json(stamp, {"fingerprint": fingerprint})
+
+
+def load_problems(problems_dir: Path, n_problems: int | None) -> list[dict[str, Any]]:
+    problems = read_shards(problems_dir, stem="train")
+    if not problems:
+        raise ValueError(f"no train problems in {problems_dir}")
+    return problems[:n_problems] if n_problems else problems
+
+
+def trajectory_records(
+    problems: list[dict[str, Any]], k: int, prompts: list[str], gens: list[Any], judgements: list[Any]
+) -> list[dict[str, Any]]:
+    """One record per sample (docs/architecture.md "trajectories"), plus source and difficulty for the
+    filter's per-difficulty acceptance check."""
+    out = []
+    for i, (gen, judgement) in enumerate(zip(gens, judgements, strict=True)):
+        problem = problems[i // k]
+        out.append(
+            {
+                "problem_id": problem["id"],
+                "sample_idx": i % k,
+                "problem": problem["problem"],
+                "answer": problem["answer"],
+                "source": problem.get("source"),
+                "difficulty": problem.get("difficulty"),
+                "prompt": prompts[i],
+                "response": gen.text,
+                "n_tokens": gen.total_tokens,
+                **judgement.as_record(),
+                "finish_reason": gen.finish_reason,
+                "structure": gen.structure() | {"wall_time_s": round(gen.wall_time_s, 4)},
+            }
+        )
+    return out
+
+
+def run(cfg: PipelineConfig, io: StageIO) -> dict[str, Any]:
+    from components.engine import generate
+    from components.grading.judge import judge_many
+    from components.models.loading import load_model
+    from components.structure import TagIds
+
+    dcfg = cfg.distill
+    gen_cfg = dcfg.generation
+    model_dir = io.input(f"{dcfg.init_from}/model")
+    out_dir = io.output("trajectories")
+    problems = load_problems(io.input("sample_orz/problems"), dcfg.n_problems)
+    model, tokenizer = load_model(model_dir, cfg.models, cfg.run)
+    tags = TagIds.from_tokenizer(tokenizer, cfg.schema_name) if gen_cfg.mode == "parallel" else None
+
+    work = out_dir.parent / WORK_DIR_NAME
+    prepare_work_dir(work, work_fingerprint(cfg, model_dir, [p["id"] for p in problems]))
+    per_chunk = max(1, gen_cfg.batch_size // dcfg.k)
+    n_chunks = math.ceil(len(problems) / per_chunk)
+    resumed = generated_tokens = 0
+    gen_seconds = 0.0
+    show = sys.stderr.isatty()
+    from rich.progress import Progress
+
+    with Progress(disable=not show, transient=True) as progress:
+        task = progress.add_task("distill", total=n_chunks)
+        for c in range(n_chunks):
+            chunk_path = work / f"chunk-{c:05d}.jsonl"
+            if chunk_path.exists():
+                resumed += 1
+                progress.advance(task)
+                continue
+            chunk = problems[c * per_chunk : (c + 1) * per_chunk]
+            prompts = [
+                render_prompt(tokenizer, p["problem"], cfg.prompts, "parallel")
+                for p in chunk
+                for _ in range(dcfg.k)
+            ]
+            # Seed per chunk: a resumed run draws exactly the samples an uninterrupted one would.
+            chunk_cfg = gen_cfg.model_copy(update={"seed": gen_cfg.seed + c})
+            start = time.perf_counter()
+            gens = generate(model, tokenizer, prompts, chunk_cfg, tags)
+            gen_seconds += time.perf_counter() - start
+            generated_tokens += sum(g.total_tokens for g in gens)
+            golds = [p["answer"] for p in chunk for _ in range(dcfg.k)]
+            judgements = judge_many([g.text for g in gens], golds, cfg.schema_name, cfg.grading)
+            tmp = chunk_path.with_suffix(".tmp")
+            write_jsonl(tmp, trajectory_records(chunk, dcfg.k, prompts, gens, judgements))
+            tmp.replace(chunk_path)
+            progress.advance(task)
+
+    records = [r for c in range(n_chunks) for r in read_jsonl(work / f"chunk-{c:05d}.jsonl")]
+    expected = len(problems) * dcfg.k
+    if len(records) != expected:
+        raise RuntimeError(f"distill work dir holds {len(records)} trajectories, expected {expected}")
+    with atomic_dir(out_dir) as tmp_dir:
+        write_shards(tmp_dir, records, n_shards=math.ceil(len(records) / dcfg.shard_size))
+
+    n = len(records)
+    return {
+        "n_problems": len(problems),
+        "k": dcfg.k,
+        "n_trajectories": len(records),
+        "chunks": n_chunks,
+        "chunks_resumed": resumed,
+        "accuracy": sum(r["correct"] for r in records) / n,
+        "format_valid": sum(r["valid"] for r in records) / n,
+        "correct_and_valid": sum(r["correct"] and r["valid"] for r in records) / n,
+        "problems_with_a_correct_valid_sample": len(
+            {r["problem_id"] for r in records if r["correct"] and r["valid"]}
+        ),
+        "mean_response_tokens": sum(r["n_tokens"] for r in records) / n,
+        "finish_reasons": dict(Counter(r["finish_reason"] for r in records)),
+        "parallel_taken_rate": sum(r["structure"]["parallel_taken"] for r in records) / n,
+        "generated_tokens_this_run": generated_tokens,
+        "tokens_per_s": generated_tokens / gen_seconds if gen_seconds else None,
+        "engine_mode": gen_cfg.mode,
+        "backend": gen_cfg.backend,
+    }
