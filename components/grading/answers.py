@@ -46,7 +46,8 @@ def last_boxed(text: str) -> str | None:
     A box whose braces never close (a truncated response) is skipped in favour of an earlier complete one.
     Whitespace between the command and its brace is allowed (``\\boxed {5}``).
     """
-    if "\\boxed" not in text and "\\fbox" not in text:
+    starts_at = [i for i in (text.find("\\boxed"), text.find("\\fbox")) if i >= 0]
+    if not starts_at:
         return None
     found: tuple[int, int] | None = None
     # Each open brace records whether it opened a box; `pending_box` is the end of a box command whose
@@ -54,7 +55,8 @@ def last_boxed(text: str) -> str | None:
     stack: list[bool] = []
     starts: list[int] = []
     pending_box = -1
-    for m in _BOX_OR_BRACE.finditer(text):
+    # Braces before the first box command cannot change which brace closes a box: start there.
+    for m in _BOX_OR_BRACE.finditer(text, min(starts_at)):
         token = m.group()
         if token == "{":
             is_box = pending_box >= 0 and text[pending_box : m.start()].strip() == ""
@@ -91,8 +93,9 @@ def _after_last_answer_label(text: str) -> str | None:
     inner = last_boxed(answer)
     if inner is not None:
         return inner.strip() or None
-    answer = answer.strip().strip("$").strip()
-    answer = answer.rstrip(".").strip()
+    # `$\frac{3}{4}$.` -> `\frac{3}{4}`: sentence stop outside the math, then the delimiters, then a stop
+    # inside them (a leading `.` is kept: `.5` is a number).
+    answer = answer.rstrip(" \t.").strip("$ \t").rstrip(" \t.")
     return answer or None
 
 

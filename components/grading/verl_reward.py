@@ -1,0 +1,89 @@
+"""verl's custom reward entry point: ``compute_score(data_source, solution_str, ground_truth, extra_info)``.
+
+verl loads this file by path (``reward.custom_reward_function.path`` = this file, ``.name`` =
+``compute_score``) and calls it once per response, from a thread pool (its reward loop uses
+``run_in_executor``), which is why math-verify runs in our process pool and never in the calling thread.
+
+Which reward and with which values, in increasing precedence:
+
+1. defaults: ``reward="stage1"``, the values of ``GradingConfig()`` (stage1 +1 / -1 / empty -2; stage3
+   +1 / -1 / empty 0, structural filter), ``schema="npr"``;
+2. keyword arguments, i.e. verl's ``custom_reward_function.reward_kwargs`` (verl merges them into every
+   call): ``reward``, ``reward_values``, ``schema``, ``grading``;
+3. the row's ``extra_info`` with the same keys.
+
+``reward_values`` overrides the chosen reward's section (``{"correct": 1, "wrong": -1, "empty": -2}``;
+for stage3 also ``filter_on``); ``grading`` overrides other ``GradingConfig`` fields (``timeout_s``,
+``workers``, ``fallbacks`` ...). The returned dict always has the same keys (verl stacks them into
+per-sample arrays): ``score``, ``acc``, ``pred`` ("" when none), ``format_score``, ``valid``, ``filtered``,
+``empty``, ``grade_failed``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from functools import lru_cache
+from typing import Any
+
+from components.grading.config import GradingConfig
+from components.grading.judge import judge
+from components.grading.rewards import get_reward
+
+DEFAULT_REWARD = "stage1"
+DEFAULT_SCHEMA = "npr"
+_SETTING_KEYS = ("reward", "reward_values", "schema", "grading")
+
+
+@lru_cache(maxsize=64)
+def _grading_config(reward: str, reward_values_json: str, grading_json: str) -> GradingConfig:
+    data: dict[str, Any] = json.loads(grading_json)
+    values = json.loads(reward_values_json)
+    if values:
+        if reward not in ("stage1", "stage3"):
+            raise ValueError(f"reward_values given for reward {reward!r}, which reads no values section")
+        section = dict(data.get(reward, {}))
+        section.update(values)
+        data[reward] = section
+    return GradingConfig.model_validate(data)
+
+
+def _settings(extra_info: Any, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    settings: dict[str, Any] = {key: kwargs[key] for key in _SETTING_KEYS if kwargs.get(key) is not None}
+    if isinstance(extra_info, Mapping):
+        settings.update({key: extra_info[key] for key in _SETTING_KEYS if extra_info.get(key) is not None})
+    return settings
+
+
+def compute_score(
+    data_source: str | None,
+    solution_str: str,
+    ground_truth: Any,
+    extra_info: Mapping[str, Any] | None = None,
+    **kwargs: Any,
+) -> dict[str, Any]:
+    """Score one response for verl; see the module docstring for how the reward is chosen.
+
+    ``ground_truth`` may be a str, a number or a list/array of alternatives. Unknown extra keyword
+    arguments from verl (e.g. ``reward_router_address``) are accepted and ignored.
+    """
+    settings = _settings(extra_info, kwargs)
+    reward_name = str(settings.get("reward", DEFAULT_REWARD))
+    reward = get_reward(reward_name)
+    cfg = _grading_config(
+        reward_name,
+        json.dumps(dict(settings.get("reward_values") or {}), sort_keys=True),
+        json.dumps(dict(settings.get("grading") or {}), sort_keys=True),
+    )
+    judgement = judge(solution_str, ground_truth, str(settings.get("schema", DEFAULT_SCHEMA)), cfg)
+    result = reward(judgement, cfg)
+    return {
+        "score": result.score,
+        "acc": float(result.correct),
+        "pred": result.pred or "",
+        "format_score": result.format_score,
+        "valid": result.valid,
+        "filtered": result.filtered,
+        "empty": judgement.empty,
+        "grade_failed": judgement.grade_reason is not None,
+    }
