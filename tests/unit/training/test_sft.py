@@ -1,0 +1,201 @@
+"""The SFT recipe: loss goes down, parallel loss = sum of isolated branch losses, data rejections recorded."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from components.config import PromptConfig
+from components.data import synthetic
+from components.parallel import TagIds
+from components.training.sft import SFTSettings, token_nll, train_sft
+from components.training.sft_data import collate, encode_example, parents_from_mask, prepare_examples
+
+PROMPTS = PromptConfig(
+    parallel_instruction="prompts/tiny_parallel_v1.txt",
+    sequential_instruction="prompts/tiny_sequential_v1.txt",
+)
+
+
+@pytest.fixture(scope="module")
+def world():
+    from components.models.tiny import tiny_test_world
+
+    return tiny_test_world(seed=0)
+
+
+def _examples(tokenizer, n, style, seed=0):
+    rng = random.Random(seed)
+    out = []
+    for i, rec in enumerate(synthetic.generate_problems(n, seed, {"easy": 1.0})):
+        prompt = tokenizer.apply_chat_template(
+            [{"role": "user", "content": rec["problem"]}], tokenize=False, add_generation_prompt=True
+        )
+        out.append(encode_example(tokenizer, prompt, synthetic.render_solution(rec, style, rng), i))
+    return out
+
+
+def test_few_steps_lower_the_loss_on_a_fixed_batch(world, tmp_path):
+    model, tokenizer = world
+    model = type(model)(model.config)  # fresh copy: module-scoped world stays untouched
+    model.load_state_dict(world[0].state_dict())
+    tags = TagIds.from_tokenizer(tokenizer, "npr")
+    batch_examples = _examples(tokenizer, 8, "parallel")
+    batch = collate(batch_examples, "parallel", tokenizer.pad_token_id, tags)
+    with torch.no_grad():
+        before = token_nll(model, batch)[0].item() / batch.n_loss_tokens
+    settings = SFTSettings(mode="parallel", total_steps=8, batch_size=8, lr=3e-3, scheduler="constant")
+    result = train_sft(
+        model,
+        lambda step: batch_examples,
+        settings,
+        tmp_path,
+        pad_id=tokenizer.pad_token_id,
+        tags=tags,
+        show_progress=False,
+    )
+    with torch.no_grad():
+        after = token_nll(model, batch)[0].item() / batch.n_loss_tokens
+    assert result.final_step == 8
+    assert after < 0.7 * before, (before, after)
+
+
+def _isolated_nll(model, ids, positions, n_prompt, tags):
+    """Sum of NLLs computed branch by branch: prefix run, one causal run per step (prefix + that step, same
+    positions), then the tail decoded over a KV cache made of the prefix and every step's keys/values."""
+    anchor = ids.index(tags.ids["</guideline>"])
+    opens = [i for i, t in enumerate(ids) if t == tags.ids["<step>"]]
+    closes = [i for i, t in enumerate(ids) if t == tags.ids["</step>"]]
+    merge = ids.index(tags.ids["<takeaway>"])
+    assert merge == closes[-1] + 1 and opens[0] == anchor + 1  # canonical layout
+
+    def run(seq, pos, cache=None):
+        out = model(
+            torch.tensor([seq]), position_ids=torch.tensor([pos]), past_key_values=cache, use_cache=True
+        )
+        return torch.log_softmax(out.logits[0].double(), -1), out.past_key_values
+
+    total = 0.0
+    logp, _ = run(ids[: anchor + 1], positions[: anchor + 1])
+    total += -sum(logp[t - 1, ids[t]] for t in range(n_prompt, anchor + 1))
+    branch_caches, last_logp = [], None
+    for s, e in zip(opens, closes, strict=True):
+        seq = ids[: anchor + 1] + ids[s : e + 1]
+        pos = positions[: anchor + 1] + positions[s : e + 1]
+        logp, cache = run(seq, pos)
+        total += -sum(logp[t - 1, seq[t]] for t in range(anchor + 1, len(seq)))
+        branch_caches.append(cache)
+        last_logp = logp[-1]
+    merged = DynamicCache(config=model.config)
+    for layer in range(model.config.num_hidden_layers):
+        keys = [branch_caches[0].layers[layer].keys[:, :, : anchor + 1]]
+        values = [branch_caches[0].layers[layer].values[:, :, : anchor + 1]]
+        for c in branch_caches:
+            keys.append(c.layers[layer].keys[:, :, anchor + 1 :])
+            values.append(c.layers[layer].values[:, :, anchor + 1 :])
+        merged.update(torch.cat(keys, dim=2), torch.cat(values, dim=2), layer)
+    total += -last_logp[ids[merge]]
+    logp, _ = run(ids[merge:], positions[merge:], merged)
+    total += -sum(logp[k - 1, ids[merge + k]] for k in range(1, len(ids) - merge))
+    return float(total)
+
+
+def test_parallel_loss_equals_sum_of_isolated_branches(world):
+    model, tokenizer = world
+    tags = TagIds.from_tokenizer(tokenizer, "npr")
+    record = synthetic.generate_problems(1, 3, {"medium": 1.0})[0]  # 3 parts -> 3 branches
+    example = _examples(tokenizer, 1, "parallel")[0]
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": record["problem"]}], tokenize=False, add_generation_prompt=True
+    )
+    example = encode_example(
+        tokenizer, prompt, synthetic.render_solution(record, "parallel", random.Random(1))
+    )
+    batch = collate([example], "parallel", tokenizer.pad_token_id, tags)
+    with torch.no_grad():
+        parallel_sum, n = token_nll(model, batch)
+        isolated = _isolated_nll(
+            model, list(example.input_ids), batch.position_ids[0].tolist(), example.n_prompt, tags
+        )
+    assert n == example.n_response
+    assert abs(parallel_sum.item() - isolated) < 1e-4, (parallel_sum.item(), isolated)
+
+
+def test_sequential_parents_are_previous_tokens_and_parallel_parents_skip_siblings(world):
+    _, tokenizer = world
+    tags = TagIds.from_tokenizer(tokenizer, "npr")
+    example = _examples(tokenizer, 1, "parallel")[0]
+    ids = list(example.input_ids)
+    par = collate([example], "parallel", tokenizer.pad_token_id, tags)
+    seq = collate([example], "sequential", tokenizer.pad_token_id)
+    assert seq.parents[0].tolist()[1:] == list(range(len(ids) - 1))
+    second_step = [i for i, t in enumerate(ids) if t == tags.ids["<step>"]][1]
+    assert par.parents[0, second_step] == ids.index(tags.ids["</guideline>"])
+    changed = (par.parents[0] != seq.parents[0]).nonzero().flatten().tolist()
+    assert changed == [second_step]
+    assert parents_from_mask(torch.ones(1, 1, 3, 3, dtype=torch.bool).tril()).tolist() == [[0, 0, 1]]
+
+
+def test_prepare_examples_records_every_rejection(world):
+    _, tokenizer = world
+    rng = random.Random(0)
+    recs = synthetic.generate_problems(4, 0, {"easy": 1.0})
+    good = synthetic.render_solution(recs[0], "parallel", rng)
+    records = [
+        {"problem_id": "ok", "problem": recs[0]["problem"], "response": good},
+        {
+            "problem_id": "bad",
+            "problem": recs[1]["problem"],
+            "response": synthetic.render_solution(recs[1], "parallel", rng, "unclosed_step"),
+        },
+        {
+            "problem_id": "long",
+            "problem": recs[2]["problem"] * 20,
+            "response": synthetic.render_solution(recs[2], "parallel", rng),
+        },
+        {"problem_id": "empty", "problem": recs[3]["problem"]},
+        {
+            "problem_id": "gap",
+            "problem": recs[0]["problem"],
+            "response": good.replace("</guideline>", "</guideline>\n"),
+        },
+    ]
+    data = prepare_examples(
+        records,
+        tokenizer,
+        PROMPTS,
+        mode="parallel",
+        prompt_style="parallel",
+        schema_name="npr",
+        max_length=200,
+    )
+    summary = data.summary()
+    assert summary["n_records"] == 5 and summary["n_examples"] == 2 and summary["n_rejected"] == 3
+    assert summary["n_normalized"] == 1
+    reasons = {r.record_id: r.reason for r in data.rejections}
+    assert reasons["long"] == "over_length" and reasons["empty"] == "missing_field"
+    assert reasons["bad"].startswith("structure:")
+    # the normalised record tokenises exactly like the canonical one
+    assert data.examples[0].input_ids == data.examples[1].input_ids
+    seq = prepare_examples(
+        records,
+        tokenizer,
+        PROMPTS,
+        mode="sequential",
+        prompt_style="parallel",
+        schema_name="npr",
+        max_length=200,
+    )
+    assert seq.summary()["n_examples"] == 3  # causal mode trains the malformed trace as text
+
+
+def test_settings_from_stage_config():
+    from components.training.config import SFTStageConfig
+
+    cfg = SFTStageConfig(batch_size=4, grad_accum=2, epochs=3, warmup_ratio=0.1)
+    s = SFTSettings.from_stage_config(cfg, n_examples=20)
+    assert s.total_steps == 8 and s.warmup_steps == 1 and s.examples_per_step == 8
+    assert SFTSettings.from_stage_config(cfg.model_copy(update={"max_steps": 5}), 20).total_steps == 5
