@@ -135,6 +135,8 @@ def read_rows(path: Path) -> list[Record]:
             return [json.loads(line) for line in text.splitlines() if line.strip()]
         except json.JSONDecodeError as err:
             raise BenchmarkError(f"{path}: neither a JSON list nor JSON Lines ({err})") from None
+    if isinstance(data, dict):  # a JSON Lines file with a single line
+        data = [data]
     if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
         raise BenchmarkError(f"{path}: expected a list of objects")
     return data
