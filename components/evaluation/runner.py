@@ -149,7 +149,7 @@ def evaluate_benchmark(
     mode: Mode,
 ) -> tuple[list[dict[str, Any]], float]:
     """Decode and grade ``spec.n_samples`` samples of every problem; returns (records, decode wall seconds)."""
-    from components.grading import judge_many
+    from components.grading.judge import judge_many
     from components.prompts import render_prompt
 
     ecfg: EvaluateConfig = cfg.evaluate
@@ -160,7 +160,7 @@ def evaluate_benchmark(
     generations, wall = _decode(model, tokenizer, tags, prompts, generation_config(ecfg, mode))
     if len(generations) != len(prompts):
         raise RuntimeError(f"engine returned {len(generations)} generations for {len(prompts)} prompts")
-    golds = [str(p["answer"]) for p in problems for _ in range(spec.n_samples)]
+    golds = [p["answer"] for p in problems for _ in range(spec.n_samples)]
     judgements = judge_many([g.text for g in generations], golds, cfg.schema_name, cfg.grading)
     records = []
     for i, (gen, judgement) in enumerate(zip(generations, judgements, strict=True)):
@@ -172,13 +172,15 @@ def evaluate_benchmark(
             "problem_id": str(problem["id"]),
             "sample_idx": i % spec.n_samples,
             "problem": problem["problem"],
-            "answer": str(problem["answer"]),
+            "answer": problem["answer"],
             "prompt": prompts[i],
             "response": gen.text,
             "answer_pred": judgement.pred,
             "correct": bool(judgement.correct),
             "format_score": float(judgement.format_score),
             "valid": bool(judgement.valid),
+            "violations": list(judgement.violations),
+            "grade_reason": judgement.grade_reason,
             "n_tokens": gen.total_tokens,
             "parallel_taken": gen.parallel_taken,
             "finish_reason": gen.finish_reason,

@@ -12,7 +12,6 @@ from typing import Any
 
 from components.dag import StageIO
 from components.evaluation.outputs import EvalOutputs, write_evaluation
-from components.evaluation.report import publish_prefect
 from components.evaluation.runner import CheckpointSpec, evaluate_checkpoints
 
 log = logging.getLogger(__name__)
@@ -43,9 +42,7 @@ def run(cfg: Any, io: StageIO) -> dict[str, Any]:
     ]
     result = evaluate_checkpoints(cfg, checkpoints, ecfg.benchmarks, io.input("sample_orz/problems"))
     out = stage_outputs(io)
-    markdown = write_evaluation(result, out, f"Evaluation of profile `{cfg.profile}`", ecfg.records_shards)
-    publish_prefect(
-        markdown, key=f"evaluation-{cfg.profile}", description=f"Evaluation report ({cfg.profile})"
-    )
+    # flows/pipeline.py publishes report.md as a Prefect artifact after the stage; nothing to do here.
+    write_evaluation(result, out, f"Evaluation of profile `{cfg.profile}`", ecfg.records_shards)
     log.info("report: %s", out.report)
     return result.metrics

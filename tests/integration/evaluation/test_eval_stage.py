@@ -1,0 +1,161 @@
+"""The evaluate stage end to end on real tiny models (random-init, saved as checkpoints) and a few problems.
+
+Runs the real path: model loading, prompt rendering, the engine in both modes, grading, structure metrics,
+records, report, PNG plots, plot data and metrics.json; then `npr eval`'s function and a baseline from the
+run. Numbers of a random model are meaningless; what is pinned is that every number agrees with the records.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from components.artifacts import read_json, read_shards, write_shards
+from components.config import load_config
+from components.dag import StageIO
+from components.evaluation.gate import gate_checkpoint, load_baseline, write_baseline
+from components.evaluation.metrics import per_problem_accuracy
+
+REPO = Path(__file__).resolve().parents[3]
+N_PROBLEMS, N_SAMPLES = 3, 2
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    import torch
+
+    from components.data.synthetic import generate_problems
+    from components.models.loading import save_model
+    from components.models.tiny import TEST_WORLD_ARCH, build_tiny_model, tiny_test_world
+
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("evalworld")
+    cwd = os.getcwd()
+    os.chdir(REPO)  # prompt files and dvc.yaml are read relative to the repository root
+    try:
+        model, tokenizer = tiny_test_world(seed=0)
+        save_model(model, tokenizer, root / "seed" / "model")
+        # Different weights, same tokenizer (training a second tokenizer would only cost time).
+        save_model(
+            build_tiny_model(TEST_WORLD_ARCH, tokenizer, seed=1), tokenizer, root / "papo_rl" / "model"
+        )
+        problems = [dict(p, split="test") for p in generate_problems(N_PROBLEMS, 7, None)]
+        write_shards(root / "sample_orz" / "problems", problems, 1, stem="test")
+        cfg = load_config(
+            profile="tiny",
+            overrides=[
+                "evaluate.checkpoints=[seed, papo_rl]",
+                "evaluate.parallel_checkpoints=[papo_rl]",
+                f"evaluate.benchmarks=[{{name: tiny_test, n_samples: {N_SAMPLES}, k: 2, max_problems: 5}}]",
+                "evaluate.max_new_tokens=24",
+                "evaluate.batch_size=8",
+                "grading.workers=1",
+                "run.torch_threads=1",
+            ],
+        )
+        io = StageIO(
+            stage="evaluate",
+            inputs={
+                "seed/model": root / "seed" / "model",
+                "papo_rl/model": root / "papo_rl" / "model",
+                "sample_orz/problems": root / "sample_orz" / "problems",
+            },
+            outputs={"records": root / "evaluate" / "records", "report": root / "evaluate" / "report"},
+            metrics=root / "evaluate" / "metrics.json",
+        )
+        from components.stages import run_stage
+
+        metrics = run_stage("evaluate", cfg, io)
+        yield {"root": root, "cfg": cfg, "io": io, "metrics": metrics}
+    finally:
+        os.chdir(cwd)
+
+
+pytestmark = pytest.mark.slow
+
+
+def test_metrics_json_has_every_checkpoint_and_provenance(world: dict[str, Any]) -> None:
+    saved = read_json(world["io"].metrics)
+    assert saved["provenance"]["stage"] == "evaluate"
+    ckpts = saved["checkpoints"]
+    assert {n: c["mode"] for n, c in ckpts.items()} == {"seed": "sequential", "papo_rl": "parallel"}
+    assert ckpts["seed"]["checkpoint_hash"] != ckpts["papo_rl"]["checkpoint_hash"]
+    bench = ckpts["papo_rl"]["benchmarks"]["tiny_test"]
+    assert (bench["n_problems"], bench["n_samples"], bench["k"]) == (N_PROBLEMS, N_SAMPLES, 2)
+    # Only the parallel checkpoint is re-decoded sequentially for the speedup.
+    assert "achieved_speedup" in bench and "achieved_speedup" not in ckpts["seed"]["benchmarks"]["tiny_test"]
+    assert saved["settings"]["sampling"]["max_new_tokens"] == 24
+    assert saved["n_records"] == 2 * N_PROBLEMS * N_SAMPLES
+
+
+def test_every_number_agrees_with_the_records(world: dict[str, Any]) -> None:
+    records_dir = world["io"].output("records")
+    for name, ckpt in world["metrics"]["checkpoints"].items():
+        records = read_shards(records_dir / name, stem="tiny_test")
+        m = ckpt["benchmarks"]["tiny_test"]
+        assert len(records) == N_PROBLEMS * N_SAMPLES
+        assert {r["mode"] for r in records} == {ckpt["mode"]}
+        acc = per_problem_accuracy(records)
+        assert m["accuracy"] == pytest.approx(sum(acc) / len(acc))
+        assert m["total_tokens"] == sum(r["n_tokens"] for r in records)
+        assert all(0 < r["n_tokens"] <= 24 for r in records)
+        assert m["format_valid_rate"] == pytest.approx(sum(r["valid"] for r in records) / len(records))
+        assert m["tokens_per_s"] == pytest.approx(m["total_tokens"] / m["wall_s"])
+    seq = read_shards(records_dir / "papo_rl", stem="tiny_test.sequential")
+    assert {r["mode"] for r in seq} == {"sequential"} and len(seq) == N_PROBLEMS * N_SAMPLES
+    tp = world["metrics"]["checkpoints"]["papo_rl"]["throughput"]
+    assert tp["achieved_speedup"] == pytest.approx(tp["tokens_per_s"] / tp["sequential_tokens_per_s"])
+
+
+def test_report_plots_and_plot_data_render(world: dict[str, Any]) -> None:
+    report_dir = world["io"].output("report")
+    text = (report_dir / "report.md").read_text()
+    assert "## Accuracy" in text and "## Throughput" in text
+    assert "| checkpoint | mode | tiny_test (avg@2) | average |" in text
+    assert text.count("| seed | sequential |") == 2 and text.count("| papo_rl | parallel |") == 2
+    for png in ("accuracy.png", "speedup.png"):
+        assert (report_dir / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"]({png})" in text
+    plots = world["io"].metrics.parent / "plots"
+    acc_rows = json.loads((plots / "accuracy.json").read_text())
+    assert [r["checkpoint"] for r in acc_rows] == ["seed", "papo_rl"]
+    speed_rows = json.loads((plots / "speedup.json").read_text())
+    assert [r["checkpoint"] for r in speed_rows] == ["papo_rl"] and speed_rows[0]["achieved_speedup"] > 0
+
+
+def test_adhoc_eval_uses_the_same_code(
+    world: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from components.evaluation import adhoc
+
+    monkeypatch.chdir(REPO)
+    # The held-out problems come from the evaluate stage's declared input; point it at this world's copy.
+    monkeypatch.setattr(adhoc, "stage_io", lambda stage: world["io"])
+    cfg = world["cfg"].model_copy(deep=True)
+    cfg.evaluate.measure_speedup = False
+    out = adhoc.evaluate_checkpoint(
+        cfg, world["root"] / "seed" / "model", ["tiny_test"], k=1, mode="sequential", out_dir=tmp_path
+    )
+    assert list(out["checkpoints"]) == ["seed"]
+    bench = out["checkpoints"]["seed"]["benchmarks"]["tiny_test"]
+    assert (bench["n_samples"], bench["k"]) == (1, 1)
+    assert Path(out["report"]).exists() and (tmp_path / "metrics.json").exists()
+    with pytest.raises(ValueError, match="mode"):
+        adhoc.evaluate_checkpoint(cfg, world["root"] / "seed" / "model", ["tiny_test"], 1, "both", tmp_path)
+
+
+def test_baseline_from_a_real_run_gates_itself_green(world: dict[str, Any], tmp_path: Path) -> None:
+    cfg = world["cfg"]
+    path = write_baseline(world["metrics"], cfg, tmp_path / "tiny-papo_rl.yaml", command="pytest").tag
+    baseline = load_baseline(tmp_path / f"{path}.yaml")
+    # A random model has no valid format: floors at 0 so only the statistical gates speak.
+    nightly = cfg.nightly.model_copy(update={"format_valid_floor": 0.0, "parallel_rate_floor": 0.0})
+    result = gate_checkpoint(
+        world["metrics"]["checkpoints"]["papo_rl"], world["metrics"]["settings"], baseline, nightly
+    )
+    assert result.verdict == "pass", result.to_dict()
