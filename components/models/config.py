@@ -34,7 +34,11 @@ class ModelsConfig(StrictModel):
 
 
 class SeedConfig(StrictModel):
-    """Stage `seed`: the tiny profile's stand-in for an instruct model (brief causal SFT)."""
+    """Stage `seed`: the tiny profile's stand-in for an instruct model (brief causal SFT).
+
+    ``enabled: false`` on the tiny profile saves the untrained tiny model; on a hub profile the stage only
+    materialises ``models.base_model`` and these SFT settings are unused.
+    """
 
     enabled: bool = True
     steps: int = Field(400, ge=0)
@@ -43,6 +47,14 @@ class SeedConfig(StrictModel):
     warmup_steps: int = Field(30, ge=0)
     parallel_fraction: float = Field(0.2, ge=0.0, le=1.0)
     mistake_fraction: float = Field(0.05, ge=0.0, le=1.0)
+    # Difficulty mix of the generated SFT problems (synthetic task levels); held-out test problems are excluded.
+    difficulty_weights: dict[str, float] = {"easy": 0.8, "medium": 0.1, "hard": 0.1}
+    adam_betas: tuple[float, float] = (0.9, 0.98)
+    weight_decay: float = Field(0.0, ge=0)
+    grad_clip: float = Field(1.0, gt=0)
+    max_length: int = Field(256, ge=16)
+    save_every: int = Field(50, ge=1)
     eval_n: int = Field(200, ge=1)
     eval_temperature: float = Field(1.0, ge=0.0)
+    eval_batch_size: int = Field(200, ge=1)
     max_new_tokens: int = Field(96, ge=1)
