@@ -14,6 +14,9 @@ class SFTStageConfig(StrictModel):
 
     init_from: str = "seed"  # an upstream stage name whose `model` output starts this stage
     mode: Literal["parallel", "sequential"] = "parallel"
+    # Instruction the training prompts carry (render_prompt style); SR-Beta trains the same parallel-format
+    # responses, so both warmups use the parallel instruction unless configured otherwise.
+    prompt_style: Literal["parallel", "sequential"] = "parallel"
     lr: float = Field(1e-6, gt=0)
     min_lr: float = Field(5e-7, ge=0)
     weight_decay: float = Field(0.1, ge=0)
