@@ -38,16 +38,17 @@ def char_tokens(text: str, tags: TagIds) -> list[int]:
     return out
 
 
-@pytest.fixture()
+# Session scope: these are pure values, and hypothesis tests may not use function-scoped fixtures.
+@pytest.fixture(scope="session")
 def npr_tags() -> TagIds:
     return tag_ids_for(NPR)
 
 
-@pytest.fixture()
+@pytest.fixture(scope="session")
 def make_tags() -> Callable[..., TagIds]:
     return tag_ids_for
 
 
-@pytest.fixture()
+@pytest.fixture(scope="session")
 def tokenize() -> Callable[[str, TagIds], list[int]]:
     return char_tokens
