@@ -4,26 +4,68 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from components.settings import StrictModel
 
 
 class StorageConfig(StrictModel):
-    remote: str = "local"  # name of the DVC remote in .dvc/config
+    """Where stage outputs live besides the workspace, and how hard to try to put them there."""
+
+    # Name of a DVC remote in .dvc/config (`local` = <repo>/dvc-remote, `s3` = the S3 bucket).
+    remote: str = "local"
     push_after_stage: bool = True
+    # Pull a stage's upstream artifacts from the remote when they are not in the workspace.
+    pull_inputs: bool = True
+    # Extra attempts after the first failed push/pull; waits backoff_s * 2**i, capped at max_backoff_s.
     retries: int = Field(3, ge=0)
     backoff_s: float = Field(2.0, ge=0)
+    max_backoff_s: float = Field(60.0, ge=0)
+    # Parallel transfers per push/pull (None: DVC's default, 4 x cores).
+    jobs: int | None = Field(None, ge=1)
 
 
 class TrackingConfig(StrictModel):
+    """W&B: one run per stage, grouped by pipeline run; artifacts are references, never uploads."""
+
     project: str = "npr-pipeline"
     entity: str | None = None
+    # auto: online when WANDB_API_KEY is set (or WANDB_MODE says so), offline otherwise.
     mode: Literal["auto", "offline", "online", "disabled"] = "auto"
+    # W&B's stdout/stderr capture; "off" keeps a stage's console untouched.
+    console: Literal["auto", "off", "wrap", "redirect"] = "auto"
 
 
 class OrchestrationConfig(StrictModel):
+    """Prefect: work pools, where each stage runs, and how long it may take."""
+
+    # Stages dispatched to the gpu pool (through the npr-stage deployment); the rest run on the cpu pool.
     gpu_stages: list[str] = []
     task_timeout_s: dict[str, int] = {}
     default_timeout_s: int = Field(6 * 3600, ge=60)
     retries: int = Field(1, ge=0)
+    retry_delay_s: int = Field(30, ge=0)
+    cpu_pool: str = "cpu"
+    gpu_pool: str = "gpu"
+    # Pool of the nightly-eval deployment: the gpu pool for real checkpoints, cpu for the tiny profile.
+    nightly_pool: Literal["cpu", "gpu"] = "cpu"
+    # Worker image of the gpu pool (infra/gpu/Dockerfile); its tag follows infra/gpu/requirements.txt.
+    gpu_image: str = "ghcr.io/npr-pipeline/gpu-worker:verl0.9.1-sglang0.5.12"
+    gpus_per_stage: int = Field(1, ge=0)
+    # How long `npr server` waits for the API to answer /api/health.
+    server_start_timeout_s: int = Field(120, ge=5)
+
+    @model_validator(mode="after")
+    def _timeouts_positive(self) -> OrchestrationConfig:
+        bad = {k: v for k, v in self.task_timeout_s.items() if v < 60}
+        if bad:
+            raise ValueError(f"task_timeout_s must be >= 60 s per stage; got {bad}")
+        return self
+
+    def timeout_for(self, stage: str) -> int:
+        """Seconds a stage's task may run before Prefect fails it."""
+        return self.task_timeout_s.get(stage, self.default_timeout_s)
+
+    def pool_for(self, stage: str) -> str:
+        """The work pool a stage runs on."""
+        return self.gpu_pool if stage in self.gpu_stages else self.cpu_pool
