@@ -37,6 +37,9 @@ class GenerationConfig(StrictModel):
     batch_size: int = Field(64, ge=1)
     seed: int = Field(0, ge=0)
     backend: Literal["torch", "sglang"] = "torch"
+    # sglang backend only: the server's base URL and a per-request timeout.
+    server_url: str = "http://127.0.0.1:30000"
+    request_timeout_s: float = Field(600.0, gt=0)
 
 
 class DistillConfig(StrictModel):
