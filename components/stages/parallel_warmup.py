@@ -1,0 +1,81 @@
+"""Stage `parallel_warmup` (NPR-Beta): SFT on the accepted trajectories with the parallel mask and positions.
+
+Reads ``reject_filter/accepted`` (trajectory records, docs/architecture.md), starts from
+``<init_from>/model``, makes the schema's tags single tokens (``add_tag_tokens``), re-renders each prompt
+with ``render_prompt`` (the engine's prompt), normalises each response to the canonical layout, and trains
+with ``components.training.sft``. Its sequential twin (``sequential_warmup``) runs the same function with
+``mode: sequential``. Every record that could not be used is written to ``work/rejections.jsonl`` and
+counted in the metrics by reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from components.artifacts import atomic_dir, read_shards, write_jsonl
+from components.config import PipelineConfig
+from components.dag import StageIO
+from components.training.config import SFTStageConfig
+
+# Printed in the metrics so a reader sees how few rejections are listed there (all are in the file).
+REJECTION_EXAMPLES_IN_METRICS = 5
+
+
+def run(cfg: PipelineConfig, io: StageIO) -> dict[str, Any]:
+    return run_warmup(cfg, io, cfg.parallel_warmup)
+
+
+def run_warmup(cfg: PipelineConfig, io: StageIO, section: SFTStageConfig) -> dict[str, Any]:
+    """SFT ``<init_from>/model`` on the accepted trajectories per ``section``; writes ``io.output('model')``."""
+    from components.models.loading import load_model, save_model
+    from components.models.tags import add_tag_tokens
+    from components.parallel import TagIds
+    from components.training.sft import EpochSource, SFTSettings, train_sft
+    from components.training.sft_data import prepare_examples
+
+    records = read_shards(io.input("reject_filter/accepted"))
+    model, tokenizer = load_model(
+        io.input(f"{section.init_from}/model"), cfg.models, cfg.run, for_training=True
+    )
+    tag_ids = add_tag_tokens(model, tokenizer, cfg.schema_name, cfg.models.pad_embeddings_to_multiple_of)
+    data = prepare_examples(
+        records,
+        tokenizer,
+        cfg.prompts,
+        mode=section.mode,
+        prompt_style=section.prompt_style,
+        schema_name=cfg.schema_name,
+        max_length=section.max_length,
+    )
+    work = Path(io.output("model")).parent / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    write_jsonl(work / "rejections.jsonl", (asdict(r) for r in data.rejections))
+    if not data.examples:
+        raise ValueError(
+            f"no usable SFT example among {len(records)} accepted records: {data.summary()['rejected_by_reason']}"
+            f" (details in {work / 'rejections.jsonl'})"
+        )
+    settings = SFTSettings.from_stage_config(section, len(data.examples))
+    tags = TagIds.from_tokenizer(tokenizer, cfg.schema_name) if section.mode == "parallel" else None
+    source = EpochSource(data.examples, settings.examples_per_step, section.seed)
+    result = train_sft(
+        model,
+        source,
+        settings,
+        work,
+        pad_id=tokenizer.pad_token_id,
+        tags=tags,
+        metrics_path=work / "train_metrics.json",
+    )
+    with atomic_dir(io.output("model")) as tmp:
+        save_model(model, tokenizer, tmp)
+    return {
+        "mode": section.mode,
+        "init_from": section.init_from,
+        "tag_ids": tag_ids,
+        **data.summary(),
+        "rejection_examples": [asdict(r) for r in data.rejections[:REJECTION_EXAMPLES_IN_METRICS]],
+        **result.summary(),
+    }

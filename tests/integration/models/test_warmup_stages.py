@@ -1,0 +1,85 @@
+"""parallel_warmup and sequential_warmup end to end on the tiny test world (a few SFT steps each)."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+from components.artifacts import write_shards
+from components.config import load_config
+from components.dag import StageIO
+from components.data import synthetic
+from components.models.loading import load_model, save_model
+from components.models.tiny import tiny_test_world
+from components.stages import parallel_warmup, sequential_warmup
+
+
+def _accepted(n: int) -> list[dict]:
+    rng = random.Random(0)
+    out = []
+    for i, rec in enumerate(synthetic.generate_problems(n, 5, {"easy": 1.0})):
+        mistake = "unclosed_step" if i == 0 else None  # one malformed record must be reported, not lost
+        response = synthetic.render_solution(rec, "parallel", rng, mistake)
+        out.append(
+            {
+                "problem_id": rec["id"],
+                "sample_idx": 0,
+                "problem": rec["problem"],
+                "answer": rec["answer"],
+                "prompt": "",
+                "response": response,
+                "correct": True,
+                "valid": mistake is None,
+            }
+        )
+    return out
+
+
+@pytest.fixture(scope="module")
+def stage_env(tmp_path_factory):
+    root = tmp_path_factory.mktemp("warmup")
+    model, tokenizer = tiny_test_world(seed=0)
+    save_model(model, tokenizer, root / "seed" / "model")
+    write_shards(root / "reject_filter" / "accepted", _accepted(9), 2)
+    return root
+
+
+def _io(root, stage):
+    return StageIO(
+        stage=stage,
+        inputs={
+            "seed/model": root / "seed" / "model",
+            "reject_filter/accepted": root / "reject_filter" / "accepted",
+        },
+        outputs={"model": root / stage / "model"},
+    )
+
+
+@pytest.mark.parametrize("stage", ["parallel_warmup", "sequential_warmup"])
+def test_warmup_stage_trains_saves_and_reports(stage_env, stage):
+    module = {"parallel_warmup": parallel_warmup, "sequential_warmup": sequential_warmup}[stage]
+    overrides = [f"{stage}.max_steps=3", f"{stage}.batch_size=4", f"{stage}.save_every=2", f"{stage}.lr=1e-3"]
+    cfg = load_config(profile="tiny", overrides=overrides)
+    metrics = module.run(cfg, _io(stage_env, stage))
+
+    assert metrics["n_records"] == 9 and metrics["steps"] == 3 and metrics["resumed_from_step"] == 0
+    if stage == "parallel_warmup":
+        assert metrics["n_examples"] == 8 and metrics["n_rejected"] == 1
+        assert next(iter(metrics["rejected_by_reason"])).startswith("structure:")
+    else:
+        assert metrics["n_examples"] == 9 and metrics["n_rejected"] == 0
+    assert metrics["n_examples"] + metrics["n_rejected"] == metrics["n_records"]
+    work = stage_env / stage / "work"
+    assert sum(1 for _ in (work / "rejections.jsonl").open()) == metrics["n_rejected"]
+    assert json.loads((work / "train_metrics.json").read_text())["history"][-1]["step"] == 3
+
+    model, tokenizer = load_model(stage_env / stage / "model", cfg.models, cfg.run)
+    assert tokenizer.encode("</guideline>", add_special_tokens=False) == [metrics["tag_ids"]["</guideline>"]]
+    seed_model, _ = load_model(stage_env / "seed" / "model", cfg.models, cfg.run)
+    assert not torch.equal(model.model.embed_tokens.weight, seed_model.model.embed_tokens.weight)
+
+    again = module.run(cfg, _io(stage_env, stage))  # rerun: resumes from the final checkpoint, trains nothing
+    assert again["resumed_from_step"] == 3 and again["steps"] == 3
