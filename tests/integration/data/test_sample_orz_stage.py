@@ -1,0 +1,102 @@
+"""Stage `sample_orz` end to end on small inputs: synthetic and local ORZ sources, determinism, floor failure."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from components.artifacts import read_json
+from components.config import load_config
+from components.dag import StageIO
+from components.data.problems import load_problems
+from components.data.quality import DataQualityError
+from components.stages import sample_orz
+
+pytestmark = pytest.mark.slow  # imports Great Expectations (~5 s) and validates twice per run
+
+
+def _io(root):
+    return StageIO(stage="sample_orz", outputs={"problems": root / "problems", "audit": root / "audit"})
+
+
+def _cfg(**sample):
+    cfg = load_config(profile="tiny")
+    cfg.sample_orz = cfg.sample_orz.model_copy(update=sample)
+    return cfg
+
+
+def test_synthetic_source_outputs_metrics_and_determinism(tmp_path):
+    cfg = _cfg(synthetic_pool=400, n=150, test_n=40, n_shards=2, seed=5)
+    metrics = sample_orz.run(cfg, _io(tmp_path / "a"))
+    assert metrics["rows_in"] == 400 and metrics["kept"] == 400
+    assert metrics["quarantined"] == metrics["duplicates"] == 0
+    assert (metrics["n_train"], metrics["n_test"]) == (150, 40)
+    assert sum(metrics["per_difficulty"]["train"].values()) == 150
+    problems = tmp_path / "a" / "problems"
+    assert sorted(p.name for p in problems.iterdir()) == [
+        "manifest.json",
+        "test-00000.jsonl",
+        "train-00000.jsonl",
+        "train-00001.jsonl",
+    ]
+    train, test = load_problems(problems, "train"), load_problems(problems, "test")
+    assert not {r["id"] for r in train} & {r["id"] for r in test}
+    assert {"id", "problem", "answer", "source", "difficulty", "split"} <= set(train[0])
+    manifest = read_json(problems / "manifest.json")
+    assert manifest["seed"] == 5 and manifest["source"]["source"] == "synthetic"
+    assert len(manifest["input_sha256"]) == 64 and manifest["config"]["n"] == 150
+    audit = tmp_path / "a" / "audit"
+    rec = read_json(audit / "reconciliation.json")
+    assert rec["rows_in"] == rec["kept"] + rec["quarantined"] + rec["duplicates"]
+    assert (audit / "gx_docs" / "index.html").exists()
+
+    sample_orz.run(cfg, _io(tmp_path / "b"))
+    assert [r["id"] for r in load_problems(tmp_path / "b" / "problems", "train")] == [r["id"] for r in train]
+
+
+def _item(problem, answer):
+    return [{"from": "human", "value": problem}, {"from": "assistant", "ground_truth": {"value": answer}}]
+
+
+def test_local_orz_source_with_bad_rows_and_a_truncated_file(tmp_path):
+    orz_dir = tmp_path / "orz"
+    orz_dir.mkdir()
+    good = [_item(f"How many apples are in basket {i}?", str(i)) for i in range(40)]
+    bad = [_item("", "1"), _item("How many pears are there?", None), good[0]]
+    (orz_dir / "a.json").write_text(json.dumps(good + bad))
+    cut = json.dumps([_item("What is 12 squared?", "144"), _item("What is 13 squared?", "169")], indent=4)
+    (orz_dir / "b.json").write_text(cut[: cut.rindex("13 squared")])
+    cfg = _cfg(source="local", local_path=str(orz_dir), n=30, test_n=5, min_kept_fraction=0.9)
+    with pytest.raises(Exception, match="recover_truncated"):
+        sample_orz.run(cfg, _io(tmp_path / "out"))
+    cfg.sample_orz = cfg.sample_orz.model_copy(update={"recover_truncated": True})
+    metrics = sample_orz.run(cfg, _io(tmp_path / "out"))
+    assert (metrics["rows_in"], metrics["kept"], metrics["quarantined"], metrics["duplicates"]) == (
+        44,
+        41,
+        2,
+        1,
+    )
+    assert metrics["quarantine_reasons"] == {"answer_missing": 1, "problem_empty": 1, "problem_too_short": 1}
+    manifest = read_json(tmp_path / "out" / "problems" / "manifest.json")
+    files = {f["path"].rsplit("/", 1)[-1]: f for f in manifest["source"]["files"]}
+    assert files["b.json"]["truncated"] and files["b.json"]["items"] == 1
+    assert load_problems(tmp_path / "out" / "problems", "train")[0]["source"] == "orz"
+
+
+def test_floor_failure_writes_audit_aside_and_leaves_outputs_alone(tmp_path):
+    orz_dir = tmp_path / "orz"
+    orz_dir.mkdir()
+    rows = [_item(f"Question number {i}?", str(i)) for i in range(5)] + [_item("Hi", "1")] * 3
+    (orz_dir / "a.json").write_text(json.dumps(rows))
+    out = tmp_path / "artifacts" / "sample_orz"
+    (out / "problems").mkdir(parents=True)
+    (out / "problems" / "previous.txt").write_text("kept")
+    cfg = _cfg(source="local", local_path=str(orz_dir), n=2, test_n=0, min_kept_fraction=0.9)
+    with pytest.raises(DataQualityError, match="only 5/8 rows"):
+        sample_orz.run(cfg, _io(out))
+    assert (out / "problems" / "previous.txt").read_text() == "kept"
+    assert not (out / "audit").exists()
+    failed = read_json(out / "work" / "audit-failed" / "reconciliation.json")
+    assert (failed["kept"], failed["quarantined"], failed["duplicates"]) == (5, 3, 0)
