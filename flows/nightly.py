@@ -137,6 +137,7 @@ def publish_outcome(
     cfg: PipelineConfig, gate: GateResult, markdown: str, out_dir: Path, checkpoint: str
 ) -> dict:
     """Write the diff table and verdict, publish them, alert on a regression or drift."""
+    out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "gate.md").write_text(markdown, encoding="utf-8")
     write_json(out_dir / "gate.json", gate.to_dict())
     published = publish_prefect(

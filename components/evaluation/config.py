@@ -53,6 +53,9 @@ class EvaluateConfig(StrictModel):
     batch_size: int = Field(64, ge=1)
     seed: int = Field(0, ge=0)
     backend: Literal["torch", "sglang"] = "torch"
+    # sglang backend only (deployment, not sampling: not pinned in baselines).
+    server_url: str = "http://127.0.0.1:30000"
+    request_timeout_s: float = Field(600.0, gt=0)
     # Instruction every checkpoint is prompted with (the paper prompts all its models with the NPR format).
     prompt_style: Literal["parallel", "sequential"] = "parallel"
     # Speedup = tokens/s of the same checkpoint's same prompts decoded in parallel vs sequential mode; the

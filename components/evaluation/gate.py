@@ -214,7 +214,8 @@ def _compare(
     upper = _upper_bound(metric, value, bench_metrics, records, cfg, seed)
     if upper < threshold:
         verdict: Verdict = "fail" if reference == "baseline" else "warn"
-        reason = f"upper {cfg.confidence:.0%} bound {upper:.4f} < {threshold:.4f}: a real drop"
+        what = "a real drop" if reference == "baseline" else "a real drift from the last green run"
+        reason = f"upper {cfg.confidence:.0%} bound {upper:.4f} < {threshold:.4f}: {what}"
     elif value < threshold:
         verdict, reason = "warn", f"point estimate below {threshold:.4f}, within noise"
     else:

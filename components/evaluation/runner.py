@@ -26,6 +26,9 @@ from components.evaluation.metrics import achieved_speedup, ideal_speedup, summa
 log = logging.getLogger(__name__)
 
 Mode = Literal["parallel", "sequential"]
+# GenerationConfig fields that do not change what is sampled (or, for the backend, are recorded as engine
+# version instead), so they are left out of the settings a baseline pins.
+DEPLOYMENT_SETTINGS = ("mode", "batch_size", "backend", "server_url", "request_timeout_s")
 
 
 @dataclass(frozen=True)
@@ -56,10 +59,10 @@ def generation_config(ecfg: EvaluateConfig, mode: Mode) -> Any:
 
 
 def sampling_settings(ecfg: EvaluateConfig) -> dict[str, Any]:
-    """The settings the numbers depend on (pinned in baseline files); batch size and backend excluded."""
+    """The settings the numbers depend on (pinned in baseline files)."""
     from components.engine import GenerationConfig
 
-    keys = [k for k in GenerationConfig.model_fields if k not in ("mode", "batch_size", "backend")]
+    keys = [k for k in GenerationConfig.model_fields if k not in DEPLOYMENT_SETTINGS]
     return {**{k: getattr(ecfg, k) for k in keys}, "prompt_style": ecfg.prompt_style}
 
 

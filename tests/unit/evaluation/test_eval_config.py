@@ -1,0 +1,58 @@
+"""The evaluate/nightly config sections, and that they agree with the engine config, dvc.yaml and profiles."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from components.config import load_config
+from components.dag import stage_io
+from components.engine import GenerationConfig
+from components.evaluation.config import BenchmarkSpec, EvaluateConfig
+from components.evaluation.plots import ACCURACY_JSON, SPEEDUP_JSON
+from components.evaluation.runner import generation_config, sampling_settings
+from components.stages.evaluate import stage_outputs
+
+
+def test_every_engine_sampling_field_is_an_evaluate_setting() -> None:
+    missing = set(GenerationConfig.model_fields) - {"mode"} - set(EvaluateConfig.model_fields)
+    assert not missing, f"evaluate lacks engine settings {missing}; add them so baselines pin them"
+    ecfg = EvaluateConfig(temperature=0.5, top_k=7, max_new_tokens=33)
+    gen = generation_config(ecfg, "parallel")
+    assert (gen.mode, gen.temperature, gen.top_k, gen.max_new_tokens) == ("parallel", 0.5, 7, 33)
+    pinned = sampling_settings(ecfg)
+    assert pinned["temperature"] == 0.5 and pinned["prompt_style"] == "parallel"
+    assert not {"batch_size", "mode", "server_url"} & set(pinned)
+
+
+def test_invalid_sections_name_the_problem() -> None:
+    with pytest.raises(ValidationError, match="exceeds n_samples"):
+        BenchmarkSpec(name="x", n_samples=2, k=4)
+    with pytest.raises(ValidationError, match="not in checkpoints"):
+        EvaluateConfig(checkpoints=["seed"], parallel_checkpoints=["papo_rl"])
+    with pytest.raises(ValidationError, match="unique"):
+        EvaluateConfig(benchmarks=[BenchmarkSpec(name="a"), BenchmarkSpec(name="a")])
+
+
+@pytest.mark.parametrize("profile", ["tiny", "qwen3-4b"])
+def test_profiles_are_consistent(profile: str, in_repo: Path) -> None:
+    cfg = load_config(profile=profile)
+    names = [b.name for b in cfg.evaluate.benchmarks]
+    assert set(cfg.nightly.benchmarks or names) <= set(names)
+    assert cfg.nightly.checkpoint in cfg.evaluate.checkpoints
+    io = stage_io("evaluate")
+    for name in cfg.evaluate.checkpoints:
+        io.input(f"{name}/model")  # raises if dvc.yaml does not declare it
+
+
+def test_plot_files_are_the_ones_dvc_yaml_declares(in_repo: Path) -> None:
+    stage = yaml.safe_load(Path("dvc.yaml").read_text())["stages"]["evaluate"]
+    declared = {path: spec for item in stage["plots"] for path, spec in item.items()}
+    out = stage_outputs(stage_io("evaluate"))
+    assert set(declared) == {str(out.plots_dir / ACCURACY_JSON), str(out.plots_dir / SPEEDUP_JSON)}
+    assert declared[str(out.plots_dir / ACCURACY_JSON)]["y"] == "accuracy"
+    assert declared[str(out.plots_dir / SPEEDUP_JSON)]["y"] == "achieved_speedup"
+    assert all(spec["x"] == "checkpoint" for spec in declared.values())

@@ -1,0 +1,70 @@
+"""Report tables and plot rows from a canned evaluation (the end-to-end render is in the integration test)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from components.evaluation.plots import accuracy_rows, render_pngs, speedup_rows, write_plot_data
+from components.evaluation.report import accuracy_table, in_prefect_run, publish_prefect, render_report
+
+
+def _two_checkpoints(make_eval: Any) -> dict[str, Any]:
+    ev = make_eval(0.5)
+    par = ev["checkpoints"]["papo_rl"]
+    par["benchmarks"]["aime24"] = dict(par["benchmarks"]["tiny_test"], accuracy=0.1, n_samples=8)
+    par["average_accuracy"] = 0.3
+    par["throughput"] = {
+        "tokens_per_s": 3000.0,
+        "sequential_tokens_per_s": 1000.0,
+        "achieved_speedup": 3.0,
+        "ideal_speedup": 3.5,
+        "speedup_efficiency": 3.0 / 3.5,
+        "mean_tokens": 60.0,
+    }
+    seq = {
+        "mode": "sequential",
+        "checkpoint_hash": "sha256:0",
+        "path": "p",
+        "benchmarks": {"tiny_test": dict(par["benchmarks"]["tiny_test"], accuracy=0.25)},
+        "average_accuracy": 0.25,
+        "throughput": {"tokens_per_s": 1100.0, "ideal_speedup": 1.0, "mean_tokens": 70.0},
+    }
+    ev["checkpoints"] = {"sr_rl": seq, "papo_rl": par}
+    return ev
+
+
+def test_accuracy_table_is_table_2_shaped(make_eval: Any) -> None:
+    table = accuracy_table(_two_checkpoints(make_eval)).splitlines()
+    assert table[0] == "| checkpoint | mode | tiny_test (avg@4) | aime24 (avg@8) | average |"
+    assert table[2] == "| sr_rl | sequential | 25.0 | – | 25.0 |"
+    assert table[3] == "| papo_rl | parallel | 50.0 | 10.0 | 30.0 |"
+
+
+def test_report_has_throughput_and_detail(make_eval: Any) -> None:
+    md = render_report(_two_checkpoints(make_eval), "Eval", ["accuracy.png"])
+    assert "| papo_rl | parallel | 3000.0 | 1000.0 | 3.00 | 3.50 | 0.86 | 60.0 |" in md
+    assert "| sr_rl | sequential | 1100.0 | – | – | 1.00 | – | 70.0 |" in md
+    assert "| papo_rl | aime24 | 200 × 8 | 70.0 (k=4) |" in md
+    assert md.rstrip().endswith("![accuracy](accuracy.png)")
+
+
+def test_plot_rows_and_pngs(make_eval: Any, tmp_path: Path) -> None:
+    ev = _two_checkpoints(make_eval)
+    assert accuracy_rows(ev)[1] == {
+        "checkpoint": "papo_rl",
+        "mode": "parallel",
+        "accuracy": 0.3,
+        "accuracy/tiny_test": 0.5,
+        "accuracy/aime24": 0.1,
+    }
+    assert [r["checkpoint"] for r in speedup_rows(ev)] == ["papo_rl"]
+    paths = write_plot_data(ev, tmp_path / "plots")
+    assert paths["speedup"].read_text().count("achieved_speedup") == 1
+    pngs = render_pngs(ev, tmp_path / "png")
+    assert all(p.read_bytes()[:4] == b"\x89PNG" for p in pngs.values())
+
+
+def test_prefect_publishing_is_skipped_outside_a_flow_run() -> None:
+    assert in_prefect_run() is False
+    assert publish_prefect("# x", "key", "d") is False

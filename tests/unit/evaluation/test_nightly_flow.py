@@ -1,0 +1,123 @@
+"""The nightly flow's logic via ``nightly_eval.fn`` on canned evaluation results (no Prefect server).
+
+Only the evaluation step is replaced by canned results (it needs a trained checkpoint); the gate, the diff
+table, publishing and the last-green state run for real.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import flows.nightly as nightly
+from components.artifacts import read_json
+from components.config import load_config
+from components.evaluation.gate import write_baseline
+from components.evaluation.runner import EvalResult
+
+
+class CannedEvaluation:
+    """Stands in for the evaluate task: returns queued canned results and counts calls."""
+
+    def __init__(self) -> None:
+        self.queue: list[dict[str, Any]] = []
+        self.calls = 0
+
+    def fn(self, cfg: Any, checkpoint: Any, out_dir: Path) -> EvalResult:
+        self.calls += 1
+        assert checkpoint.name == "papo_rl" and checkpoint.mode == "parallel"
+        return EvalResult(metrics=self.queue.pop(0))
+
+
+@pytest.fixture()
+def setup(tmp_path: Path, in_repo: Path, monkeypatch: pytest.MonkeyPatch, make_eval: Any) -> dict[str, Any]:
+    cfg = load_config(
+        profile="tiny",
+        overrides=[
+            f"nightly.baseline_dir={tmp_path / 'baselines'}",
+            f"nightly.state_file={tmp_path / 'state' / 'last_green.json'}",
+            f"nightly.report_dir={tmp_path / 'nightly'}",
+        ],
+    )
+    monkeypatch.setattr(nightly, "load_config", lambda profile: cfg)
+    canned = CannedEvaluation()
+    monkeypatch.setattr(nightly, "evaluate_promoted", canned)
+    checkpoint = tmp_path / "papo_rl" / "model"
+    checkpoint.mkdir(parents=True)
+    write_baseline(
+        make_eval(0.60), cfg, Path(cfg.nightly.baseline_dir) / "tiny-papo_rl.yaml", command="pytest"
+    )
+    return {"cfg": cfg, "canned": canned, "checkpoint": str(checkpoint), "tmp": tmp_path}
+
+
+def test_green_night_completes_writes_the_diff_and_becomes_last_green(setup: dict, make_eval: Any) -> None:
+    setup["canned"].queue.append(make_eval(0.61))
+    summary = nightly.nightly_eval.fn(profile="tiny", checkpoint=setup["checkpoint"])
+    assert summary["verdict"] == "pass" and summary["failures"] == []
+    assert summary["published"] is False and summary["alerted"] is False  # no flow run, W&B offline
+    gate_md = Path(summary["diff_table"]).read_text()
+    assert "| tiny_test | accuracy | baseline | 0.6000 | 0.6100 | +0.0100 |" in gate_md
+    state = read_json(setup["cfg"].nightly.state_file)
+    assert state["checkpoint"]["benchmarks"]["tiny_test"]["accuracy"] == 0.61
+
+
+def test_regression_ends_failed_and_keeps_the_last_green(setup: dict, make_eval: Any) -> None:
+    setup["canned"].queue += [make_eval(0.61), make_eval(0.45)]
+    nightly.nightly_eval.fn(profile="tiny", checkpoint=setup["checkpoint"])
+    state = nightly.nightly_eval.fn(profile="tiny", checkpoint=setup["checkpoint"])
+    assert state.is_failed()
+    assert "tiny_test/accuracy" in state.message
+    gate = read_json(Path(setup["cfg"].nightly.report_dir) / "gate.json")
+    assert gate["verdict"] == "fail"
+    # The failed night did not replace the drift reference.
+    last = read_json(setup["cfg"].nightly.state_file)["checkpoint"]["benchmarks"]["tiny_test"]
+    assert last["accuracy"] == 0.61
+
+
+def test_format_collapse_fails_the_night(setup: dict, make_eval: Any) -> None:
+    setup["canned"].queue.append(make_eval(0.61, format_valid_rate=0.2))
+    state = nightly.nightly_eval.fn(profile="tiny", checkpoint=setup["checkpoint"])
+    assert state.is_failed() and "format_valid_rate" in state.message
+
+
+def test_drift_from_last_green_warns_and_compares_with_both(setup: dict, make_eval: Any) -> None:
+    setup["canned"].queue += [make_eval(0.80), make_eval(0.62)]
+    assert nightly.nightly_eval.fn(profile="tiny", checkpoint=setup["checkpoint"])["verdict"] == "pass"
+    summary = nightly.nightly_eval.fn(profile="tiny", checkpoint=setup["checkpoint"])
+    assert summary["verdict"] == "warn"
+    assert sorted(w.split(":")[0] for w in summary["warnings"]) == ["tiny_test/accuracy", "tiny_test/pass@k"]
+    assert all("drift" in w for w in summary["warnings"])
+    gate_md = Path(summary["diff_table"]).read_text()
+    assert "| last_green | 0.8000 | 0.6200 |" in gate_md and "| baseline | 0.6000 | 0.6200 |" in gate_md
+
+
+def test_missing_baseline_fails_before_evaluating(setup: dict) -> None:
+    with pytest.raises(FileNotFoundError, match="write_baseline"):
+        nightly.nightly_eval.fn(profile="tiny", checkpoint=setup["checkpoint"], baseline="no-such-tag")
+    assert setup["canned"].calls == 0
+
+
+def test_baseline_resolution_and_benchmark_selection(setup: dict) -> None:
+    cfg = setup["cfg"]
+    base_dir = Path(cfg.nightly.baseline_dir)
+    assert nightly.resolve_baseline(cfg, "papo_rl", None) == base_dir / "tiny-papo_rl.yaml"
+    assert nightly.resolve_baseline(cfg, "papo_rl", "v2") == base_dir / "v2.yaml"
+    assert nightly.resolve_baseline(cfg, "papo_rl", "x/y.yaml") == Path("x/y.yaml")
+    assert [b.name for b in nightly.nightly_benchmarks(cfg)] == ["tiny_test"]  # the tiny profile's subset
+    picked = cfg.model_copy(deep=True)
+    picked.nightly.benchmarks = None
+    assert [b.name for b in nightly.nightly_benchmarks(picked)] == [b.name for b in cfg.evaluate.benchmarks]
+    picked.nightly.benchmarks = ["nope"]
+    with pytest.raises(ValueError, match="nope"):
+        nightly.nightly_benchmarks(picked)
+
+
+def test_alerts_go_out_only_when_wandb_is_online(setup: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = setup["cfg"].model_copy(deep=True)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    assert nightly.wandb_mode(cfg) == "offline"
+    assert nightly.send_wandb_alert(cfg, "t", "x", "error") is False
+    cfg.tracking.mode = "disabled"
+    assert nightly.wandb_mode(cfg) == "disabled"
