@@ -13,9 +13,9 @@ The canonical rule (npr-reference.md §1.8, generalised over schemas and nesting
 
 The mask derives from an O(L) form, ``ParallelSegments``: per token its position id and, per nesting
 depth, the id of the block and the index of the step it lies in (-1 outside steps). Two tokens are
-siblings at depth d when they share the block id but not the step index there. Dense masks are built
-from it in row chunks, so a caller never holds more than one bool L x L (and never a float one unless it
-asks ``to_additive_mask`` for it, which eager attention needs).
+siblings at depth d when they share the block id but not the step index there. A dense mask is built from
+it in place (causal fill, then the sibling rectangles cleared), so a caller never holds more than one
+bool L x L, and never a float one unless it asks ``to_additive_mask`` for it (eager attention needs it).
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ from components.structure.tokens import TagIds
 from components.structure.trace import Block
 
 _ANCHOR, _STEP_OPEN, _STEP_CLOSE, _MERGE = range(4)
-_DEFAULT_CHUNK_ROWS = 1024
 
 
 @dataclass(frozen=True)
@@ -54,27 +53,48 @@ class ParallelSegments:
     def shape(self) -> tuple[int, int]:
         return int(self.position_ids.shape[0]), int(self.position_ids.shape[1])
 
-    def dense_mask(self, chunk_rows: int = _DEFAULT_CHUNK_ROWS) -> torch.Tensor:
+    def dense_mask(self) -> torch.Tensor:
         """bool[B, 1, L, L], True = may attend. Pad queries attend to themselves only (no empty row).
 
-        Built ``chunk_rows`` query rows at a time so temporaries stay at chunk_rows x L.
+        Causal, then for every block (found as runs of equal (block id, step index) at each depth) the
+        rectangles between its later and earlier steps are cleared: work is O(L^2) for the causal fill
+        plus the sibling rectangles only, with no L x L temporaries.
         """
         batch, length = self.shape
         mask = torch.zeros(batch, 1, length, length, dtype=torch.bool)
-        keys = torch.arange(length)
         for b in range(batch):
             n = int(self.lengths[b])
-            blocks, steps = self.block_ids[b], self.step_ids[b]  # [D, L]
-            for r0 in range(0, n, chunk_rows):
-                r1 = min(n, r0 + chunk_rows)
-                rows = keys[None, :] <= torch.arange(r0, r1)[:, None]  # causal [r, L]
-                for d in range(blocks.shape[0]):
-                    bq, sq = blocks[d, r0:r1, None], steps[d, r0:r1, None]
-                    rows &= ~((bq == blocks[d][None]) & (sq != steps[d][None]) & (bq >= 0))
-                mask[b, 0, r0:r1] = rows
+            rows = mask[b, 0, :n, :n]
+            rows.fill_(True)
+            rows.tril_()
+            for d in range(self.block_ids.shape[1]):
+                for spans in _step_runs(self.block_ids[b, d, :n], self.step_ids[b, d, :n]):
+                    for k, (qs, qe) in enumerate(spans):
+                        for ks, ke in spans[:k]:  # later step rows x earlier step columns
+                            rows[qs:qe, ks:ke] = False
             pads = torch.arange(n, length)
             mask[b, 0, pads, pads] = True
         return mask
+
+
+def _step_runs(block_ids: torch.Tensor, step_ids: torch.Tensor) -> list[list[tuple[int, int]]]:
+    """Spans ``[start, end)`` of the steps of each block at one depth, grouped by block, in order.
+
+    block_ids, step_ids: long[L] of one depth. A step is one contiguous run of equal (block, step) values.
+    """
+    n = int(block_ids.shape[0])
+    if n == 0:
+        return []
+    change = torch.ones(n, dtype=torch.bool)
+    change[1:] = (block_ids[1:] != block_ids[:-1]) | (step_ids[1:] != step_ids[:-1])
+    starts = torch.nonzero(change).flatten().tolist()
+    ends = [*starts[1:], n]
+    blocks: dict[int, list[tuple[int, int]]] = {}
+    for start, end in zip(starts, ends, strict=True):
+        blk = int(block_ids[start])
+        if blk >= 0:
+            blocks.setdefault(blk, []).append((start, end))
+    return list(blocks.values())
 
 
 def _positions_and_segments(blocks: list[Block], length: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

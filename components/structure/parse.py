@@ -119,7 +119,7 @@ def boxed_content(text: str) -> str | None:
 
 def _squeezed_len(text: str) -> int:
     """Length without any whitespace (the reference scorer strips all whitespace before measuring)."""
-    return sum(len(part) for part in text.split())
+    return len("".join(text.split()))
 
 
 class _Machine:

@@ -217,10 +217,19 @@ def test_batch_right_pads_and_matches_single(npr_tags: TagIds) -> None:
         batch_parallel_attention_inputs([a, b], npr_tags, starts=[2, 1], pad_to=10)
 
 
-def test_dense_mask_is_chunk_independent(make_tags) -> None:  # noqa: ANN001
+def test_dense_mask_equals_the_segment_definition(make_tags) -> None:  # noqa: ANN001
+    """Dense mask == causal AND NOT (same block id, different step index at some depth), pads aside."""
     tags = make_tags(MULTIVERSE)
     segs = batch_parallel_segments([_ids(NESTED, tags), [5, 6, 7]], tags)
-    assert torch.equal(segs.dense_mask(chunk_rows=3), segs.dense_mask(chunk_rows=1024))
+    dense = segs.dense_mask()[:, 0]
+    length = segs.shape[1]
+    causal = torch.ones(length, length, dtype=torch.bool).tril()
+    for b in range(2):
+        n = int(segs.lengths[b])
+        bq, bk = segs.block_ids[b][:, :, None], segs.block_ids[b][:, None, :]
+        sq, sk = segs.step_ids[b][:, :, None], segs.step_ids[b][:, None, :]
+        sibling = ((bq == bk) & (sq != sk) & (bq >= 0)).any(0)
+        assert torch.equal(dense[b, :n, :n], (causal & ~sibling)[:n, :n])
 
 
 def test_additive_mask_uses_finfo_min_never_inf() -> None:
