@@ -1,0 +1,138 @@
+"""W&B tracking of stage runs: one run per stage, grouped by pipeline run, resumable, references not uploads.
+
+- Mode: ``tracking.mode`` (``auto`` = the WANDB_MODE the CLI set: online when WANDB_API_KEY is present,
+  offline otherwise); ``disabled`` writes nothing at all.
+- Grouping: ``group`` = the pipeline run id (env ``NPR_PIPELINE_RUN_ID``, set by the Prefect flow; a new
+  id otherwise, exported so every stage of this process shares it); ``job_type`` = the stage name.
+- Resume: the W&B run id lives in ``<run_dir>/wandb_run_id`` beside the stage's checkpoints, so a
+  restarted stage continues the same W&B run (``resume="allow"``) instead of starting a new one.
+- Datasets and checkpoints are logged as artifact *references* to where DVC keeps them on the remote
+  (``components.storage.remote_uri``); W&B records the URI and digest, never a copy of the bytes.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from components.ops.config import TrackingConfig
+
+RUN_ID_FILE = "wandb_run_id"
+PIPELINE_RUN_ENV = "NPR_PIPELINE_RUN_ID"
+
+
+def pipeline_run_id() -> str:
+    """The id that groups this pipeline run's stage runs; created (and exported) when the flow set none."""
+    run_id = os.environ.get(PIPELINE_RUN_ENV)
+    if not run_id:
+        run_id = os.environ[PIPELINE_RUN_ENV] = f"run-{uuid.uuid4().hex[:12]}"
+    return run_id
+
+
+def resolve_mode(tracking: TrackingConfig) -> str:
+    """online | offline | disabled; ``auto`` follows WANDB_MODE, else whether an API key is present."""
+    if tracking.mode != "auto":
+        return tracking.mode
+    env_mode = os.environ.get("WANDB_MODE")
+    if env_mode in ("online", "offline", "disabled"):
+        return env_mode
+    if env_mode == "dryrun":  # W&B's older spelling of offline
+        return "offline"
+    return "online" if os.environ.get("WANDB_API_KEY") else "offline"
+
+
+def _persisted_run_id(run_dir: Path) -> str:
+    """The stage's W&B run id: read from ``run_dir`` or created there before the run starts."""
+    path = run_dir / RUN_ID_FILE
+    if path.exists():
+        run_id = path.read_text().strip()
+        if run_id:
+            return run_id
+    run_id = uuid.uuid4().hex[:12]  # W&B accepts [a-z0-9]; written first so a crash still resumes it
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(run_id + "\n")
+    os.replace(tmp, path)
+    return run_id
+
+
+class StageRun:
+    """What a stage logs through. Metric keys are namespaced ``<stage>/<key>`` unless already so."""
+
+    def __init__(self, run: Any, stage: str) -> None:
+        self.run = run
+        self.stage = stage
+
+    @property
+    def id(self) -> str:
+        return self.run.id
+
+    def _key(self, key: str) -> str:
+        return key if key.startswith(f"{self.stage}/") else f"{self.stage}/{key}"
+
+    def log(self, metrics: dict[str, Any], step: int | None = None) -> None:
+        """Log scalars (or W&B media) at ``step`` (W&B's own counter when None)."""
+        self.run.log({self._key(k): v for k, v in metrics.items()}, step=step)
+
+    def summary(self, values: dict[str, Any]) -> None:
+        """Final values shown in the runs table (e.g. the stage's metrics.json)."""
+        self.run.summary.update({self._key(k): v for k, v in values.items()})
+
+    def log_reference(self, name: str, uri: str, type: str, metadata: dict[str, Any] | None = None) -> Any:
+        """Log an artifact that points at ``uri`` (s3://, file://, ...) without uploading or reading it.
+
+        ``checksum=False``: the URI of a DVC remote object is already content-addressed (its md5 is in the
+        path), so W&B need not list or hash the bucket, and no credentials are needed at log time.
+        Returns the W&B artifact (``None`` when tracking is disabled).
+        """
+        import wandb
+
+        if self.run.disabled:
+            return None
+        artifact = wandb.Artifact(_artifact_name(name), type=type, metadata={"uri": uri, **(metadata or {})})
+        artifact.add_reference(uri, name=name.rsplit("/", 1)[-1], checksum=False)
+        return self.run.log_artifact(artifact)
+
+
+def _artifact_name(name: str) -> str:
+    """W&B artifact names allow letters, digits, dashes, underscores and dots only."""
+    return "".join(c if c.isalnum() or c in "-_." else "-" for c in name).strip("-")
+
+
+@contextmanager
+def stage_run(cfg: Any, stage: str, run_dir: Path | str) -> Iterator[StageRun]:
+    """One W&B run for one stage; resumes the run recorded in ``run_dir`` if there is one.
+
+    ``cfg`` is the PipelineConfig (its ``tracking`` section is used; the whole resolved config becomes the
+    run config) or a bare ``TrackingConfig``. The run is finished on exit; an exception inside marks it
+    failed (exit code 1) and propagates.
+    """
+    import wandb
+
+    tracking = cfg if isinstance(cfg, TrackingConfig) else cfg.tracking
+    mode = resolve_mode(tracking)
+    group = pipeline_run_id()
+    config = {} if isinstance(cfg, TrackingConfig) else cfg.model_dump(mode="json")
+    init: dict[str, Any] = {
+        "project": tracking.project,
+        "entity": tracking.entity,
+        "group": group,
+        "job_type": stage,
+        "name": f"{stage}-{group}",
+        "config": config,
+        "mode": mode,
+        "settings": wandb.Settings(console=tracking.console, silent=True),
+    }
+    if mode != "disabled":  # a disabled run writes nothing, not even its id
+        init.update(id=_persisted_run_id(Path(run_dir)), resume="allow")
+    run = wandb.init(**init)
+    try:
+        yield StageRun(run, stage)
+    except BaseException:
+        run.finish(exit_code=1)
+        raise
+    run.finish()
