@@ -12,7 +12,6 @@ tests: no API server needed), see ``_step``.
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +33,8 @@ from components.evaluation.gate import (
     save_last_green,
 )
 from components.evaluation.outputs import EvalOutputs, write_evaluation
-from components.evaluation.report import in_prefect_run, publish_prefect
-from components.evaluation.runner import CheckpointSpec, EvalResult, evaluate_checkpoints
+from components.evaluation.report import flat_metrics, in_prefect_run, publish_prefect
+from components.evaluation.runner import CheckpointSpec, EvalResult, evaluate_checkpoints, needs_problems_dir
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +85,7 @@ def evaluate_promoted(cfg: PipelineConfig, checkpoint: CheckpointSpec, out_dir: 
     """Evaluate the checkpoint (same runner as the stage) and write records, report and plot data."""
     specs = nightly_benchmarks(cfg)
     problems_dir = None
-    if any(s.name == cfg.evaluate.heldout_benchmark for s in specs):
+    if needs_problems_dir(specs):
         problems_dir = stage_io("evaluate").input("sample_orz/problems")
     result = evaluate_checkpoints(cfg, [checkpoint], specs, problems_dir)
     out = EvalOutputs(out_dir / "records", out_dir / "report", out_dir / "plots")
@@ -111,43 +110,39 @@ def gate_against_references(
     )
 
 
-def wandb_mode(cfg: PipelineConfig) -> str:
-    """The effective W&B mode: the configured one, or (``auto``) what the environment says."""
-    if cfg.tracking.mode != "auto":
-        return cfg.tracking.mode
-    return os.environ.get("WANDB_MODE", "offline")
-
-
-def send_wandb_alert(cfg: PipelineConfig, title: str, text: str, level: str) -> bool:
-    """``run.alert`` (Slack/email per the W&B project's settings) when W&B is online; returns whether sent."""
-    if wandb_mode(cfg) != "online":
-        return False
+def log_to_wandb(
+    cfg: PipelineConfig, result: EvalResult, gate: GateResult, markdown: str, run_dir: Path, title: str
+) -> bool:
+    """Log the night's metrics and verdict (offline unless a key is set); ``run.alert`` (Slack/email per
+    the W&B project's settings) on a FAIL or WARN, only when W&B is online. Returns whether it alerted."""
     import wandb
 
-    run = wandb.init(project=cfg.tracking.project, entity=cfg.tracking.entity, job_type="nightly-eval")
-    try:
-        run.alert(title=title, text=text, level=getattr(wandb.AlertLevel, level.upper()))
-    finally:
-        run.finish()
-    return True
+    from components.tracking import resolve_mode, stage_run
+
+    with stage_run(cfg, "nightly-eval", run_dir) as run:
+        run.summary(
+            {**flat_metrics(result.metrics), "verdict": gate.verdict, "failed_checks": len(gate.failures())}
+        )
+        if gate.verdict == "pass" or resolve_mode(cfg.tracking) != "online":
+            return False
+        level = wandb.AlertLevel.ERROR if gate.verdict == "fail" else wandb.AlertLevel.WARN
+        run.run.alert(title=title, text=markdown, level=level)
+        return True
 
 
 @task(name="publish")
 def publish_outcome(
-    cfg: PipelineConfig, gate: GateResult, markdown: str, out_dir: Path, checkpoint: str
+    cfg: PipelineConfig, result: EvalResult, gate: GateResult, markdown: str, out_dir: Path, checkpoint: str
 ) -> dict:
-    """Write the diff table and verdict, publish them, alert on a regression or drift."""
+    """Write the diff table and verdict, publish them (Prefect artifact, W&B), alert on a regression or drift."""
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "gate.md").write_text(markdown, encoding="utf-8")
     write_json(out_dir / "gate.json", gate.to_dict())
     published = publish_prefect(
         markdown, key=f"nightly-{cfg.profile}-{checkpoint}", description="Nightly gate"
     )
-    alerted = False
-    if gate.verdict != "pass":
-        level = "error" if gate.verdict == "fail" else "warn"
-        title = f"nightly-eval {cfg.profile}/{checkpoint}: {gate.verdict.upper()}"
-        alerted = send_wandb_alert(cfg, title, markdown, level)
+    title = f"nightly-eval {cfg.profile}/{checkpoint}: {gate.verdict.upper()}"
+    alerted = log_to_wandb(cfg, result, gate, markdown, out_dir / "work", title)
     return {"published": published, "alerted": alerted}
 
 
@@ -162,7 +157,7 @@ def nightly_eval(profile: str = "tiny", checkpoint: str | None = None, baseline:
     result = _step(evaluate_promoted, cfg, ckpt, out_dir)
     gate = _step(gate_against_references, cfg, result, ckpt.name, baseline_file)
     markdown = render_gate_markdown(gate, f"Nightly `{ckpt.name}` ({cfg.profile}) vs `{baseline_file}`")
-    publication = _step(publish_outcome, cfg, gate, markdown, out_dir, ckpt.name)
+    publication = _step(publish_outcome, cfg, result, gate, markdown, out_dir, ckpt.name)
     summary = {
         "verdict": gate.verdict,
         "checkpoint": ckpt.name,

@@ -9,7 +9,7 @@ from components.artifacts import write_json
 from components.dag import stage_io
 from components.evaluation.config import BenchmarkSpec
 from components.evaluation.outputs import EvalOutputs, write_evaluation
-from components.evaluation.runner import CheckpointSpec, evaluate_checkpoints
+from components.evaluation.runner import CheckpointSpec, evaluate_checkpoints, needs_problems_dir
 
 MODES = ("parallel", "sequential")
 
@@ -55,7 +55,7 @@ def evaluate_checkpoint(
         raise FileNotFoundError(f"checkpoint directory {checkpoint} does not exist")
     specs = benchmark_specs(cfg, benchmarks, k)
     problems_dir = None
-    if any(s.name == cfg.evaluate.heldout_benchmark for s in specs):
+    if needs_problems_dir(specs):
         problems_dir = stage_io("evaluate").input("sample_orz/problems")
     spec = CheckpointSpec(name=checkpoint_name(checkpoint), path=checkpoint, mode=mode)  # type: ignore[arg-type]
     result = evaluate_checkpoints(cfg, [spec], specs, problems_dir)

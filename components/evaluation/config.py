@@ -36,8 +36,6 @@ class EvaluateConfig(StrictModel):
     parallel_checkpoints: list[str] = ["parallel_warmup", "papo_rl"]
     benchmarks: list[BenchmarkSpec] = []
     benchmark_dir: str = "data/benchmarks"
-    # The benchmark name that means "the held-out (test) split of sample_orz/problems".
-    heldout_benchmark: str = "tiny_test"
     # Sampling settings: every field of the engine's GenerationConfig except ``mode`` (set per checkpoint);
     # a test keeps the two in step. They are what a baseline file pins.
     temperature: float = Field(1.0, ge=0)

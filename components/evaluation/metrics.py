@@ -29,7 +29,7 @@ RECORD_FIELDS = (
     "problem_id",
     "sample_idx",
     "problem",
-    "answer",
+    "answers",
     "prompt",
     "response",
     "answer_pred",

@@ -28,7 +28,10 @@ class EvalOutputs:
 
 
 def write_evaluation(result: EvalResult, out: EvalOutputs, title: str, n_shards: int) -> str:
-    """Write records, report (with its PNG plots) and plot data; returns the report's markdown."""
+    """Write records, report (with its PNG plots) and plot data; returns the report's markdown.
+
+    The PNGs end up in ``out.report_dir`` under the names ``plots.ACCURACY_PNG`` and ``plots.SPEEDUP_PNG``.
+    """
     with atomic_dir(out.records_dir) as tmp:
         write_records(result, tmp, n_shards)
     with atomic_dir(out.report_dir) as tmp:

@@ -161,3 +161,38 @@ def publish_prefect(markdown: str, key: str, description: str) -> bool:
     safe_key = "".join(ch if ch.isalnum() else "-" for ch in key.lower()).strip("-")
     create_markdown_artifact(markdown=markdown, key=safe_key, description=description)
     return True
+
+
+def flat_metrics(eval_metrics: Mapping[str, Any]) -> dict[str, float]:
+    """Scalars as ``<checkpoint>/<benchmark>/<metric>`` and ``<checkpoint>/throughput/<metric>`` keys."""
+    out: dict[str, float] = {}
+    for name, ckpt in eval_metrics["checkpoints"].items():
+        out[f"{name}/average_accuracy"] = float(ckpt["average_accuracy"])
+        for key, value in ckpt["throughput"].items():
+            out[f"{name}/throughput/{key}"] = float(value)
+        for bench, m in ckpt["benchmarks"].items():
+            for key, value in m.items():
+                if isinstance(value, int | float) and not isinstance(value, bool):
+                    out[f"{name}/{bench}/{key}"] = float(value)
+    return out
+
+
+def publish_wandb(
+    cfg: Any, job: str, run_dir: Path, eval_metrics: Mapping[str, Any], images: Mapping[str, Path]
+) -> str | None:
+    """Log the evaluation to W&B (``components.tracking``; offline unless a key is configured): every scalar
+    in the run summary, the Table-2 table as a W&B table, the plots as images. Returns the run id."""
+    import wandb
+
+    from components.tracking import stage_run
+
+    benches = benchmark_names(eval_metrics)
+    table = wandb.Table(columns=["checkpoint", "mode", *benches, "average"])
+    for name, ckpt in eval_metrics["checkpoints"].items():
+        accs = [ckpt["benchmarks"].get(b, {}).get("accuracy") for b in benches]
+        table.add_data(name, ckpt["mode"], *accs, ckpt["average_accuracy"])
+    with stage_run(cfg, job, run_dir) as run:
+        run.summary(flat_metrics(eval_metrics))
+        if not run.run.disabled:
+            run.log({"accuracy_table": table, **{k: wandb.Image(str(p)) for k, p in images.items()}})
+        return run.id

@@ -91,21 +91,20 @@ def checkpoint_hash(model_dir: Path | str) -> str:
     return "sha256:" + digest.hexdigest()[:32]
 
 
+def needs_problems_dir(specs: Sequence[BenchmarkSpec]) -> bool:
+    """Whether a benchmark is the held-out split of `sample_orz` (read from its problems directory)."""
+    from components.data.benchmarks import TINY_TEST
+
+    return any(s.name == TINY_TEST for s in specs)
+
+
 def load_benchmark_problems(
     spec: BenchmarkSpec, ecfg: EvaluateConfig, problems_dir: Path | None
 ) -> list[dict[str, Any]]:
-    """Problems ``{id, problem, answer, ...}`` of a benchmark; the held-out split for ``heldout_benchmark``."""
-    if spec.name == ecfg.heldout_benchmark:
-        from components.data.problems import load_problems
+    """Problems ``{id, benchmark, problem, answers}`` of a benchmark (``components.data.benchmarks``)."""
+    from components.data.benchmarks import load_benchmark
 
-        if problems_dir is None:
-            raise ValueError(f"benchmark {spec.name!r} needs the sample_orz problems directory")
-        problems = load_problems(problems_dir, "test")
-        problems = problems[: spec.max_problems] if spec.max_problems else problems
-    else:
-        from components.data.benchmarks import load_benchmark
-
-        problems = load_benchmark(spec.name, ecfg.benchmark_dir, spec.max_problems)
+    problems = load_benchmark(spec.name, ecfg.benchmark_dir, spec.max_problems, problems_dir)
     if not problems:
         raise ValueError(f"benchmark {spec.name!r} has no problems")
     return problems
@@ -163,7 +162,7 @@ def evaluate_benchmark(
     generations, wall = _decode(model, tokenizer, tags, prompts, generation_config(ecfg, mode))
     if len(generations) != len(prompts):
         raise RuntimeError(f"engine returned {len(generations)} generations for {len(prompts)} prompts")
-    golds = [p["answer"] for p in problems for _ in range(spec.n_samples)]
+    golds = [list(p["answers"]) for p in problems for _ in range(spec.n_samples)]
     judgements = judge_many([g.text for g in generations], golds, cfg.schema_name, cfg.grading)
     records = []
     for i, (gen, judgement) in enumerate(zip(generations, judgements, strict=True)):
@@ -175,7 +174,7 @@ def evaluate_benchmark(
             "problem_id": str(problem["id"]),
             "sample_idx": i % spec.n_samples,
             "problem": problem["problem"],
-            "answer": problem["answer"],
+            "answers": list(problem["answers"]),
             "prompt": prompts[i],
             "response": gen.text,
             "answer_pred": judgement.pred,

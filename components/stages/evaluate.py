@@ -12,6 +12,8 @@ from typing import Any
 
 from components.dag import StageIO
 from components.evaluation.outputs import EvalOutputs, write_evaluation
+from components.evaluation.plots import ACCURACY_PNG, SPEEDUP_PNG
+from components.evaluation.report import publish_wandb
 from components.evaluation.runner import CheckpointSpec, evaluate_checkpoints
 
 log = logging.getLogger(__name__)
@@ -44,5 +46,8 @@ def run(cfg: Any, io: StageIO) -> dict[str, Any]:
     out = stage_outputs(io)
     # flows/pipeline.py publishes report.md as a Prefect artifact after the stage; nothing to do here.
     write_evaluation(result, out, f"Evaluation of profile `{cfg.profile}`", ecfg.records_shards)
+    # W&B run id kept in the stage's work dir (artifacts/evaluate/work, not a DVC out) so reruns resume it.
+    images = {"accuracy": out.report_dir / ACCURACY_PNG, "speedup": out.report_dir / SPEEDUP_PNG}
+    publish_wandb(cfg, "evaluate", out.report_dir.parent / "work", result.metrics, images)
     log.info("report: %s", out.report)
     return result.metrics

@@ -36,6 +36,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("evalworld")
     cwd = os.getcwd()
+    wandb_dir = os.environ.get("WANDB_DIR")
+    os.environ["WANDB_DIR"] = str(root)  # the stage logs to W&B offline; keep its files out of the repo
     os.chdir(REPO)  # prompt files and dvc.yaml are read relative to the repository root
     try:
         model, tokenizer = tiny_test_world(seed=0)
@@ -74,6 +76,10 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         yield {"root": root, "cfg": cfg, "io": io, "metrics": metrics}
     finally:
         os.chdir(cwd)
+        if wandb_dir is None:
+            os.environ.pop("WANDB_DIR", None)
+        else:
+            os.environ["WANDB_DIR"] = wandb_dir
 
 
 pytestmark = pytest.mark.slow
@@ -91,6 +97,8 @@ def test_metrics_json_has_every_checkpoint_and_provenance(world: dict[str, Any])
     assert "achieved_speedup" in bench and "achieved_speedup" not in ckpts["seed"]["benchmarks"]["tiny_test"]
     assert saved["settings"]["sampling"]["max_new_tokens"] == 24
     assert saved["n_records"] == 2 * N_PROBLEMS * N_SAMPLES
+    # Logged to W&B (offline), the run id kept in the stage's work dir beside its outputs.
+    assert (world["root"] / "evaluate" / "work" / "wandb_run_id").read_text().strip()
 
 
 def test_every_number_agrees_with_the_records(world: dict[str, Any]) -> None:
