@@ -96,7 +96,7 @@ def _is_blank(s: str) -> bool:
 
 def parse_label(text: str) -> str | None:
     """The leading ``N:`` / ``N.M:`` label of a plan or step (without the colon), or None."""
-    m = _LABEL.match(text[:_LABEL_WINDOW])
+    m = _LABEL.match(text, 0, _LABEL_WINDOW)
     return m.group(1) if m else None
 
 

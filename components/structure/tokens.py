@@ -41,6 +41,9 @@ class TagIds:
         object.__setattr__(self, "ids", {t: int(i) for t, i in self.ids.items()})
         object.__setattr__(self, "role_of_id", role_of_id)
 
+    def __hash__(self) -> int:  # usable as a cache key; the decoder does not take part
+        return hash((self.schema.name, tuple(sorted(self.ids.items()))))
+
     def id_for(self, role: Role) -> int:
         """The token id of the tag playing ``role``."""
         return self.ids[self.schema.tag(role)]

@@ -274,3 +274,10 @@ def test_tag_ids_validation() -> None:
         TagIds(NPR, {"<step>": 1})
     with pytest.raises(ValueError, match="share"):
         TagIds(NPR, dict.fromkeys(NPR.tags, 3))
+
+
+def test_tag_ids_hash_ignores_decoder() -> None:
+    ids = {t: 50 + i for i, t in enumerate(NPR.tags)}
+    assert hash(TagIds(NPR, ids)) == hash(TagIds(NPR, dict(ids), decode=lambda x: "")) and TagIds(
+        NPR, ids
+    ) == TagIds(NPR, ids, decode=str)

@@ -236,3 +236,40 @@ def test_prompt_is_not_parsed(npr_tags, tokenize) -> None:  # noqa: ANN001
     ids = prompt + tokenize(VALID_NPR, npr_tags)
     assert parse_ids(ids, npr_tags, start=len(prompt)).violations == []
     assert [v.code for v in parse_ids(ids, npr_tags).violations] == ["tag_outside_block", "tag_outside_block"]
+
+
+def test_strict_parse_raises_structural_only() -> None:
+    from components.structure import StructureError
+
+    parse_text(VALID_NPR.replace("both say four", "ok"), strict=True)  # content rule: scored, not raised
+    with pytest.raises(StructureError) as err:
+        parse_text(VALID_NPR + "</step>", strict=True)
+    assert err.value.code == "tag_in_tail" and err.value.position == len(VALID_NPR)
+
+
+def test_violation_list_is_capped_but_counted() -> None:
+    from components.structure.parse import MAX_STORED_VIOLATIONS
+
+    trace = parse_text(BLOCK.replace("both say four", "<plan>" * 1000) + ANSWER)
+    assert len(trace.violations) == MAX_STORED_VIOLATIONS
+    assert trace.violations_dropped == 1000 - MAX_STORED_VIOLATIONS  # one misplaced_tag per <plan>
+    assert format_score(trace) == MIN_SCORE and not trace.blocks[0].valid
+
+
+def _best_of(fn, repeats: int = 3) -> float:  # noqa: ANN001
+    import time
+
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+@pytest.mark.parametrize("unit", ["<guideline><plan>", "<step><guideline><plan>1: x", "<", "</step>x"])
+def test_scoring_time_grows_linearly(unit: str) -> None:
+    """10x the input must cost ~10x, not ~100x (a quadratic or backtracking scanner would)."""
+    small, large = unit * (30_000 // len(unit)), unit * (300_000 // len(unit))
+    ratio = _best_of(lambda: format_score(large)) / max(_best_of(lambda: format_score(small)), 1e-4)
+    assert ratio < 30, f"{unit!r}: 10x input took {ratio:.1f}x the time"
