@@ -29,8 +29,10 @@ label_mismatch          -0.2     per block  step labels differ from the plan lab
 ======================  =======  =========  =========================================================
 
 Differences from the reference, on purpose: it checks the *last plan* for tags where it means the step
-(a bug); it cannot see labels (the engine forks on them, so we score them); it stops at the first block
-regex failure where we keep scoring the rest. "once" codes are listed for every occurrence in
+(a bug); it cannot see labels (the engine forks on them, so we score them); it returns -1.5 as soon as
+no block matches, where we still check the answer (so a blockless response without ``\boxed{}`` gets
+-2.0, one with it -1.5: a gradient towards answering); it stops at the first block regex failure where
+we keep scoring the rest. "once" codes are listed for every occurrence in
 ``Trace.violations`` but penalised once; "per block" codes are emitted at most once per block.
 """
 

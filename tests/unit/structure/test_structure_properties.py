@@ -10,7 +10,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from components.parallel import (
+    MULTIVERSE,
     NPR,
+    PARALLEL_R1,
     StructureError,
     TagIds,
     format_score,
@@ -158,3 +160,32 @@ def test_mutated_valid_traces(stream: list[str], mutations: list, npr_tags: TagI
     assert -2.0 <= format_score(text) <= 0.0
     prompt = _tokens(["x", "<step>", "x"], npr_tags)  # tags in the prompt must be ignored
     _check_against_reference(prompt + _tokens(stream, npr_tags), npr_tags, len(prompt))
+
+
+def _other_schema_stream(schema):  # noqa: ANN001, ANN202
+    return st.lists(st.sampled_from(list(schema.tags) + TEXT_PIECES), max_size=40)
+
+
+@SETTINGS
+@given(data=st.data())
+def test_other_schemas_random_streams(data: st.DataObject, make_tags: Callable) -> None:
+    schema = data.draw(st.sampled_from([MULTIVERSE, PARALLEL_R1]))
+    stream = data.draw(_other_schema_stream(schema))
+    trace = parse_text("".join(stream), schema)
+    assert -2.0 <= format_score(trace) <= 0.0
+    tags = make_tags(schema)
+    ids = _tokens(stream, tags)
+    try:
+        mask, pos = parallel_attention_inputs(ids, tags)
+    except StructureError as err:
+        assert err.reason and 0 <= err.position < len(ids)
+        return
+    causal = torch.ones_like(mask).tril()
+    assert not (mask & ~causal).any() and mask.diagonal().all() and pos.shape == (len(ids),)
+    sibling = torch.zeros_like(mask)
+    for block in parse_ids(ids, tags).all_blocks():  # nested blocks included
+        for a in block.steps:
+            for b in block.steps:
+                if a is not b:
+                    sibling[a.span.start : a.span.end, b.span.start : b.span.end] = True
+    assert torch.equal(~mask & causal, sibling & causal)
