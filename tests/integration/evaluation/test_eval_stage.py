@@ -167,3 +167,38 @@ def test_baseline_from_a_real_run_gates_itself_green(world: dict[str, Any], tmp_
         world["metrics"]["checkpoints"]["papo_rl"], world["metrics"]["settings"], baseline, nightly
     )
     assert result.verdict == "pass", result.to_dict()
+
+
+@pytest.mark.integration
+def test_nightly_flow_runs_under_prefect_and_fails_on_a_regression(
+    world: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real flow (tasks, states) on a temporary Prefect API: green against its own baseline, then Failed
+    when a hard floor is raised above what the checkpoint does."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    import flows.nightly as nightly
+
+    monkeypatch.chdir(REPO)
+    base = world["cfg"].model_copy(deep=True)
+    base.tracking.mode = "disabled"
+    base.nightly.baseline_dir = str(tmp_path / "baselines")
+    base.nightly.state_file = str(tmp_path / "state.json")
+    base.nightly.report_dir = str(tmp_path / "nightly")
+    base.nightly.format_valid_floor = 0.0
+    base.nightly.parallel_rate_floor = 0.0
+    write_baseline(world["metrics"], base, tmp_path / "baselines" / "tiny-papo_rl.yaml")
+    strict = base.model_copy(deep=True)
+    strict.nightly.format_valid_floor = 1.0
+    configs = iter([base, strict])
+    monkeypatch.setattr(nightly, "load_config", lambda profile: next(configs))
+    monkeypatch.setattr(nightly, "stage_io", lambda stage: world["io"])
+    ckpt = str(world["root"] / "papo_rl" / "model")
+    with prefect_test_harness(server_startup_timeout=120):
+        green = nightly.nightly_eval(profile="tiny", checkpoint=ckpt, return_state=True)
+        assert green.is_completed(), green.message
+        assert green.result()["verdict"] == "pass"
+        assert read_json(tmp_path / "state.json")["verdict"] == "pass"
+        red = nightly.nightly_eval(profile="tiny", checkpoint=ckpt, return_state=True)
+    assert red.is_failed() and "format_valid_rate" in red.message
+    assert read_json(tmp_path / "nightly" / "gate.json")["verdict"] == "fail"
