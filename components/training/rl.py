@@ -20,7 +20,7 @@ One training step:
 Around it: held-out evaluation (``eval_every``; also before training so the gain over the starting model
 is measured) with ``components.grading.judge_many``/``summarize``; checkpoints in the stage's work dir
 every ``save_every`` steps and resume from the newest one; per-step metrics appended to
-``<work_dir>/metrics.jsonl`` (and W&B through ``components.tracking`` when that module is present).
+``<work_dir>/metrics.jsonl`` and logged to W&B through ``components.tracking`` (one run per stage).
 """
 
 from __future__ import annotations
@@ -91,6 +91,7 @@ class RLTrainer:
         train_problems: list[dict[str, Any]],
         eval_problems: list[dict[str, Any]],
         work_dir: Path,
+        tracker: Any | None = None,
     ) -> None:
         self.stage, self.cfg, self.sc = stage, cfg, getattr(cfg, stage)
         self.model, self.tokenizer = model, tokenizer
@@ -121,7 +122,7 @@ class RLTrainer:
         self.cursor = 0  # position in `order` of the next training problem (saved with checkpoints)
         self.step = 0
         self.evals: list[dict[str, Any]] = []
-        self.tracker = _open_tracker(cfg, stage, self.work_dir)
+        self.tracker = tracker  # a components.tracking.StageRun, or None
 
     # ----------------------------------------------------------------------------------- generation
     def _gen_cfg(self, mode: str, temperature: float, top_p: float, seed: int) -> GenerationConfig:
@@ -450,18 +451,7 @@ class RLTrainer:
             flat.update(
                 {f"eval/{k}": v for k, v in metrics.get("eval", {}).items() if isinstance(v, (int, float))}
             )
-            self.tracker.log({f"{self.stage}/{k}": v for k, v in flat.items()}, step=self.step)
-
-
-def _open_tracker(cfg: Any, stage: str, work_dir: Path) -> Any | None:
-    """The W&B run from ``components.tracking`` when the ops module is installed; None otherwise."""
-    try:
-        import components.tracking as tracking
-    except ModuleNotFoundError as err:
-        if err.name == "components.tracking":
-            return None
-        raise
-    return tracking.start_run(cfg, stage=stage, run_dir=work_dir)
+            self.tracker.log(flat, step=self.step)
 
 
 def run_rl_stage(stage: str, cfg: Any, io: Any) -> dict[str, Any]:
@@ -473,6 +463,7 @@ def run_rl_stage(stage: str, cfg: Any, io: Any) -> dict[str, Any]:
     from components.artifacts import atomic_dir
     from components.data.problems import load_problems
     from components.models.loading import load_model, save_model
+    from components.tracking import stage_run
 
     sc = getattr(cfg, stage)
     init_dir = io.input(f"{sc.init_from}/model")
@@ -482,16 +473,11 @@ def run_rl_stage(stage: str, cfg: Any, io: Any) -> dict[str, Any]:
     if sc.backend == "verl":
         return _run_verl_stage(stage, cfg, init_dir, problems_dir, out_dir, work_dir)
     model, tokenizer = load_model(init_dir, cfg.models, cfg.run, for_training=True)
-    trainer = RLTrainer(
-        stage,
-        cfg,
-        model,
-        tokenizer,
-        load_problems(problems_dir, "train"),
-        load_problems(problems_dir, "test"),
-        work_dir,
-    )
-    result = trainer.run()
+    train, test = load_problems(problems_dir, "train"), load_problems(problems_dir, "test")
+    work_dir.mkdir(parents=True, exist_ok=True)
+    with stage_run(cfg, stage, work_dir) as tracker:
+        result = RLTrainer(stage, cfg, model, tokenizer, train, test, work_dir, tracker).run()
+        tracker.summary({k: v for k, v in result.metrics.items() if isinstance(v, (int, float))})
     with atomic_dir(out_dir) as tmp:
         save_model(model, tokenizer, tmp)
     return result.metrics
