@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 import flows.nightly as nightly
 from components.artifacts import read_json
@@ -130,3 +131,17 @@ def test_a_failed_night_is_logged_to_wandb_offline_without_alerting(setup: dict,
     assert outcome == {"published": False, "alerted": False}
     assert (out_dir / "work" / "wandb_run_id").read_text().strip()
     assert read_json(out_dir / "gate.json")["verdict"] == "fail"
+
+
+def test_entrypoint_signature_and_schedule_match_the_config(in_repo: Path) -> None:
+    assert list(nightly.nightly_eval.parameters.properties) == ["profile", "checkpoint", "baseline"]
+    assert nightly.nightly_eval.name == "nightly-eval"
+    deployments_file = Path("prefect.yaml")
+    if not deployments_file.exists():
+        pytest.skip("prefect.yaml (ops) is not in this checkout yet")
+    deployments = {d["name"]: d for d in yaml.safe_load(deployments_file.read_text())["deployments"]}
+    deployment = deployments["nightly-eval"]
+    assert deployment["entrypoint"] == "flows/nightly.py:nightly_eval"
+    cfg = load_config(profile=deployment.get("parameters", {}).get("profile", "tiny"))
+    schedule = deployment["schedules"][0]
+    assert (schedule["cron"], schedule.get("timezone", "UTC")) == (cfg.nightly.cron, cfg.nightly.timezone)
