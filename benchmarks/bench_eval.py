@@ -83,6 +83,7 @@ def main() -> None:
         profile="bench",
         checkpoint="c",
         mode="sequential",
+        prompt_style="parallel",
         checkpoint_hash="h",
         prompt_hash="h",
         engine_version={"backend": "torch"},
@@ -124,7 +125,12 @@ def main() -> None:
             metrics, records = simulate_night(probs, args.k, rng)
             fails["rtol"] += metrics["accuracy"] < threshold
             for name, cfg in gates.items():
-                current = {"mode": "sequential", "checkpoint_hash": "h", "benchmarks": {"b": metrics}}
+                current = {
+                    "mode": "sequential",
+                    "prompt_style": "parallel",
+                    "checkpoint_hash": "h",
+                    "benchmarks": {"b": metrics},
+                }
                 result = gate_checkpoint(current, SETTINGS, baseline, cfg, records={"b": records}, seed=r)
                 fails[name] += result.verdict == "fail"
         rates[scenario] = {name: n / args.replicates for name, n in fails.items()}

@@ -57,8 +57,7 @@ def resolve_checkpoint(cfg: PipelineConfig, checkpoint: str | None) -> Checkpoin
             raise FileNotFoundError(
                 f"promoted checkpoint {path} is not in the workspace; pull it first (dvc pull {path})"
             )
-    mode = "parallel" if name in cfg.evaluate.parallel_checkpoints else "sequential"
-    return CheckpointSpec(name=name, path=path, mode=mode)
+    return CheckpointSpec(name, path, cfg.evaluate.mode_for(name), cfg.evaluate.prompt_style_for(name))
 
 
 def resolve_baseline(cfg: PipelineConfig, checkpoint: str, baseline: str | None) -> Path:

@@ -57,7 +57,8 @@ def evaluate_checkpoint(
     problems_dir = None
     if needs_problems_dir(specs):
         problems_dir = stage_io("evaluate").input("sample_orz/problems")
-    spec = CheckpointSpec(name=checkpoint_name(checkpoint), path=checkpoint, mode=mode)  # type: ignore[arg-type]
+    name = checkpoint_name(checkpoint)
+    spec = CheckpointSpec(name, checkpoint, mode, cfg.evaluate.prompt_style_for(name))  # type: ignore[arg-type]
     result = evaluate_checkpoints(cfg, [spec], specs, problems_dir)
     out_dir = Path(out_dir)
     out = EvalOutputs(

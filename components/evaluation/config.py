@@ -29,10 +29,14 @@ class BenchmarkSpec(StrictModel):
         return self
 
 
+# The pipeline stages that write a model (artifacts/<stage>/model), in the order the report lists them.
+MODEL_STAGES = ("seed", "npr_zero", "parallel_warmup", "papo_rl", "sequential_warmup", "sr_rl")
+
+
 class EvaluateConfig(StrictModel):
     """Stage `evaluate` and `npr eval`: which checkpoints, which benchmarks, the pinned sampling settings."""
 
-    checkpoints: list[str] = ["seed", "npr_zero", "parallel_warmup", "papo_rl", "sequential_warmup", "sr_rl"]
+    checkpoints: list[str] = list(MODEL_STAGES)
     parallel_checkpoints: list[str] = ["parallel_warmup", "papo_rl"]
     benchmarks: list[BenchmarkSpec] = []
     benchmark_dir: str = "data/benchmarks"
@@ -54,8 +58,10 @@ class EvaluateConfig(StrictModel):
     # sglang backend only (deployment, not sampling: not pinned in baselines).
     server_url: str = "http://127.0.0.1:30000"
     request_timeout_s: float = Field(600.0, gt=0)
-    # Instruction every checkpoint is prompted with (the paper prompts all its models with the NPR format).
+    # Instruction a checkpoint is prompted with (the paper prompts its models with the NPR format), and
+    # per-checkpoint exceptions for checkpoints trained on the other instruction.
     prompt_style: Literal["parallel", "sequential"] = "parallel"
+    prompt_style_overrides: dict[str, Literal["parallel", "sequential"]] = {}
     # Speedup = tokens/s of the same checkpoint's same prompts decoded in parallel vs sequential mode; the
     # sequential re-decode of each parallel checkpoint is also graded and kept (mode "sequential").
     measure_speedup: bool = True
@@ -66,11 +72,22 @@ class EvaluateConfig(StrictModel):
         unknown = sorted(set(self.parallel_checkpoints) - set(self.checkpoints))
         if unknown:
             raise ValueError(f"parallel_checkpoints {unknown} are not in checkpoints {self.checkpoints}")
+        # Overrides may name a model stage left out of this run's checkpoints (narrowed with -S), not a typo.
+        unknown = sorted(set(self.prompt_style_overrides) - set(self.checkpoints) - set(MODEL_STAGES))
+        if unknown:
+            raise ValueError(f"prompt_style_overrides {unknown} name neither a checkpoint nor a model stage")
         names = [b.name for b in self.benchmarks]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"benchmark names must be unique; repeated: {dupes}")
         return self
+
+    def mode_for(self, checkpoint: str) -> Literal["parallel", "sequential"]:
+        """How a checkpoint decodes: parallel for ``parallel_checkpoints``, sequential otherwise."""
+        return "parallel" if checkpoint in self.parallel_checkpoints else "sequential"
+
+    def prompt_style_for(self, checkpoint: str) -> Literal["parallel", "sequential"]:
+        return self.prompt_style_overrides.get(checkpoint, self.prompt_style)
 
 
 class NightlyConfig(StrictModel):

@@ -62,6 +62,7 @@ class Baseline(StrictModel):
     profile: str
     checkpoint: str
     mode: Literal["parallel", "sequential"]
+    prompt_style: Literal["parallel", "sequential"]
     checkpoint_hash: str
     prompt_hash: str
     engine_version: dict[str, str]
@@ -156,6 +157,7 @@ def write_baseline(
         profile=cfg.profile,
         checkpoint=name,
         mode=ckpt["mode"],
+        prompt_style=ckpt["prompt_style"],
         checkpoint_hash=ckpt["checkpoint_hash"],
         prompt_hash=settings["prompt_hash"],
         engine_version={k: str(v) for k, v in settings["engine_version"].items()},
@@ -231,6 +233,7 @@ def _settings_checks(
         "sampling": (baseline.sampling, dict(settings["sampling"])),
         "prompt_hash": (baseline.prompt_hash, settings["prompt_hash"]),
         "mode": (baseline.mode, current["mode"]),
+        "prompt_style": (baseline.prompt_style, current["prompt_style"]),
     }
     for key, (ref, cur) in fatal.items():
         if ref != cur:

@@ -38,6 +38,7 @@ class CheckpointSpec:
     name: str
     path: Path
     mode: Mode
+    prompt_style: Mode = "parallel"
 
 
 @dataclass
@@ -63,7 +64,7 @@ def sampling_settings(ecfg: EvaluateConfig) -> dict[str, Any]:
     from components.engine import GenerationConfig
 
     keys = [k for k in GenerationConfig.model_fields if k not in DEPLOYMENT_SETTINGS]
-    return {**{k: getattr(ecfg, k) for k in keys}, "prompt_style": ecfg.prompt_style}
+    return {k: getattr(ecfg, k) for k in keys}
 
 
 def engine_version(ecfg: EvaluateConfig) -> dict[str, str]:
@@ -149,15 +150,14 @@ def evaluate_benchmark(
     cfg: Any,
     checkpoint: str,
     mode: Mode,
+    prompt_style: Mode,
 ) -> tuple[list[dict[str, Any]], float]:
     """Decode and grade ``spec.n_samples`` samples of every problem; returns (records, decode wall seconds)."""
     from components.grading.judge import judge_many
     from components.prompts import render_prompt
 
     ecfg: EvaluateConfig = cfg.evaluate
-    problem_prompts = [
-        render_prompt(tokenizer, p["problem"], cfg.prompts, ecfg.prompt_style) for p in problems
-    ]
+    problem_prompts = [render_prompt(tokenizer, p["problem"], cfg.prompts, prompt_style) for p in problems]
     prompts = [pp for pp in problem_prompts for _ in range(spec.n_samples)]
     generations, wall = _decode(model, tokenizer, tags, prompts, generation_config(ecfg, mode))
     if len(generations) != len(prompts):
@@ -262,12 +262,28 @@ def evaluate_checkpoints(
         result.records[ckpt.name] = {}
         for spec in benchmarks:
             records, wall = evaluate_benchmark(
-                model, tokenizer, tags, problems[spec.name], spec, cfg, ckpt.name, ckpt.mode
+                model,
+                tokenizer,
+                tags,
+                problems[spec.name],
+                spec,
+                cfg,
+                ckpt.name,
+                ckpt.mode,
+                ckpt.prompt_style,
             )
             metrics = summarize_records(records, spec.k, wall)
             if ckpt.mode == "parallel" and ecfg.measure_speedup:
                 seq_records, seq_wall = evaluate_benchmark(
-                    model, tokenizer, tags, problems[spec.name], spec, cfg, ckpt.name, "sequential"
+                    model,
+                    tokenizer,
+                    tags,
+                    problems[spec.name],
+                    spec,
+                    cfg,
+                    ckpt.name,
+                    "sequential",
+                    ckpt.prompt_style,
                 )
                 seq = summarize_records(seq_records, spec.k, seq_wall)
                 metrics.update(
@@ -290,6 +306,7 @@ def evaluate_checkpoints(
             )
         result.metrics["checkpoints"][ckpt.name] = {
             "mode": ckpt.mode,
+            "prompt_style": ckpt.prompt_style,
             "path": str(ckpt.path),
             "checkpoint_hash": checkpoint_hash(ckpt.path),
             "benchmarks": benches,

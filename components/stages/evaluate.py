@@ -38,7 +38,8 @@ def run(cfg: Any, io: StageIO) -> dict[str, Any]:
         CheckpointSpec(
             name=name,
             path=io.input(f"{name}/model"),
-            mode="parallel" if name in ecfg.parallel_checkpoints else "sequential",
+            mode=ecfg.mode_for(name),
+            prompt_style=ecfg.prompt_style_for(name),
         )
         for name in ecfg.checkpoints
     ]

@@ -56,6 +56,7 @@ def make_eval() -> Callable[..., dict[str, Any]]:
             "checkpoints": {
                 "papo_rl": {
                     "mode": mode,
+                    "prompt_style": overrides.pop("prompt_style", "parallel"),
                     "checkpoint_hash": ckpt_hash,
                     "path": "artifacts/papo_rl/model",
                     "benchmarks": {"tiny_test": bench_metrics(accuracy, **overrides)},

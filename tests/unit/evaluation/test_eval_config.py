@@ -24,7 +24,7 @@ def test_every_engine_sampling_field_is_an_evaluate_setting() -> None:
     gen = generation_config(ecfg, "parallel")
     assert (gen.mode, gen.temperature, gen.top_k, gen.max_new_tokens) == ("parallel", 0.5, 7, 33)
     pinned = sampling_settings(ecfg)
-    assert pinned["temperature"] == 0.5 and pinned["prompt_style"] == "parallel"
+    assert pinned["temperature"] == 0.5 and pinned["top_k"] == 7
     assert not {"batch_size", "mode", "server_url"} & set(pinned)
 
 
@@ -33,6 +33,15 @@ def test_invalid_sections_name_the_problem() -> None:
         BenchmarkSpec(name="x", n_samples=2, k=4)
     with pytest.raises(ValidationError, match="not in checkpoints"):
         EvaluateConfig(checkpoints=["seed"], parallel_checkpoints=["papo_rl"])
+    with pytest.raises(ValidationError, match="prompt_style_overrides"):
+        EvaluateConfig(
+            checkpoints=["seed"], parallel_checkpoints=[], prompt_style_overrides={"sr_lr": "sequential"}
+        )
+    # A model stage left out of a narrowed run is fine: the override applies when it is evaluated.
+    narrowed = EvaluateConfig(
+        checkpoints=["seed"], parallel_checkpoints=[], prompt_style_overrides={"sr_rl": "sequential"}
+    )
+    assert narrowed.prompt_style_for("seed") == "parallel"
     with pytest.raises(ValidationError, match="unique"):
         EvaluateConfig(benchmarks=[BenchmarkSpec(name="a"), BenchmarkSpec(name="a")])
 
@@ -43,6 +52,10 @@ def test_profiles_are_consistent(profile: str, in_repo: Path) -> None:
     names = [b.name for b in cfg.evaluate.benchmarks]
     assert set(cfg.nightly.benchmarks or names) <= set(names)
     assert cfg.nightly.checkpoint in cfg.evaluate.checkpoints
+    # Each trained checkpoint is evaluated with the instruction its stage trained on.
+    for name in cfg.evaluate.checkpoints:
+        trained_on = getattr(getattr(cfg, name), "prompt_style", "parallel")
+        assert cfg.evaluate.prompt_style_for(name) == trained_on, name
     io = stage_io("evaluate")
     for name in cfg.evaluate.checkpoints:
         io.input(f"{name}/model")  # raises if dvc.yaml does not declare it

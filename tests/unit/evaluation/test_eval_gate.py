@@ -122,6 +122,8 @@ def test_format_drop_above_floor_warns(baseline: Any, make_eval: Any, nightly_cf
 def test_changed_settings_make_the_comparison_fail(baseline: Any, make_eval: Any, nightly_cfg: Any) -> None:
     result = _gate(make_eval(0.6, settings={"prompt_hash": "other"}), nightly_cfg, baseline=baseline)
     assert [c.metric for c in result.failures()] == ["prompt_hash"]
+    style = _gate(make_eval(0.6, prompt_style="sequential"), nightly_cfg, baseline=baseline)
+    assert [c.metric for c in style.failures()] == ["prompt_style"]
     shape = _gate(make_eval(0.6, n_problems=100), nightly_cfg, baseline=baseline)
     assert [c.metric for c in shape.failures()] == ["shape"]
     engine = {"npr_pipeline": "0.2.0", "torch": "2.13.0", "transformers": "5.10.4", "backend": "torch"}

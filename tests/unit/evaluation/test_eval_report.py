@@ -24,6 +24,7 @@ def _two_checkpoints(make_eval: Any) -> dict[str, Any]:
     }
     seq = {
         "mode": "sequential",
+        "prompt_style": "sequential",
         "checkpoint_hash": "sha256:0",
         "path": "p",
         "benchmarks": {"tiny_test": dict(par["benchmarks"]["tiny_test"], accuracy=0.25)},
