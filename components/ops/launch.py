@@ -1,0 +1,82 @@
+"""Command lines for the GPU side, rendered from the specs in infra/ (so the specs are the one definition).
+
+- ``sglang_server_command(spec)``: infra/sglang/server.yaml -> ``python -m sglang.launch_server ...``.
+- ``ray_job_submit_command(stage, spec, run_id)``: infra/ray/job.yaml -> ``ray job submit ... -- <entrypoint>``.
+
+Nothing here imports sglang or ray: these run on the GPU image (infra/gpu/), not in the CPU environment.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+INFRA = Path("infra")
+SGLANG_SPEC = INFRA / "sglang" / "server.yaml"
+RAY_JOB_SPEC = INFRA / "ray" / "job.yaml"
+
+# spec key -> sglang.launch_server flag (value flags); booleans become bare flags when true
+SGLANG_FLAGS = {
+    "model_path": "--model-path",
+    "served_model_name": "--served-model-name",
+    "host": "--host",
+    "port": "--port",
+    "tp_size": "--tp-size",
+    "dp_size": "--dp-size",
+    "dtype": "--dtype",
+    "mem_fraction_static": "--mem-fraction-static",
+    "context_length": "--context-length",
+    "random_seed": "--random-seed",
+}
+SGLANG_SWITCHES = {"trust_remote_code": "--trust-remote-code"}
+SGLANG_IGNORED = {"image"}  # where to run it, not how
+
+
+class LaunchSpecError(ValueError):
+    """A spec in infra/ is missing a required key or has one the renderer does not know."""
+
+
+def load_spec(path: Path | str) -> dict[str, Any]:
+    data = yaml.safe_load(Path(path).read_text())
+    if not isinstance(data, dict):
+        raise LaunchSpecError(f"{path} must hold a mapping")
+    return data
+
+
+def sglang_server_command(spec: dict[str, Any], python: str = "python") -> list[str]:
+    """argv of the SGLang server described by ``spec`` (keys of infra/sglang/server.yaml)."""
+    unknown = set(spec) - set(SGLANG_FLAGS) - set(SGLANG_SWITCHES) - SGLANG_IGNORED
+    if unknown:
+        raise LaunchSpecError(f"unknown SGLang spec keys {sorted(unknown)}; known: {sorted(SGLANG_FLAGS)}")
+    for key in ("model_path", "port", "tp_size"):
+        if key not in spec:
+            raise LaunchSpecError(f"SGLang spec lacks {key!r}")
+    argv = [python, "-m", "sglang.launch_server"]
+    for key, flag in SGLANG_FLAGS.items():
+        if spec.get(key) is not None:
+            argv += [flag, str(spec[key])]
+    argv += [flag for key, flag in SGLANG_SWITCHES.items() if spec.get(key)]
+    return argv
+
+
+def ray_job_submit_command(
+    stage: str, spec: dict[str, Any], run_id: str, address: str | None = None
+) -> list[str]:
+    """argv of ``ray job submit`` running one stage on the cluster (keys of infra/ray/job.yaml)."""
+    for key in ("address", "working_dir", "entrypoint"):
+        if key not in spec:
+            raise LaunchSpecError(f"Ray job spec lacks {key!r}")
+    runtime_env = {"env_vars": {**spec.get("env_vars", {}), "NPR_PIPELINE_RUN_ID": run_id}}
+    entrypoint = spec["entrypoint"].format(stage=shlex.quote(stage))
+    return [
+        "ray", "job", "submit",
+        "--address", address or spec["address"],
+        "--submission-id", f"npr-{stage}-{run_id}",
+        "--working-dir", spec["working_dir"],
+        "--runtime-env-json", json.dumps(runtime_env, sort_keys=True),
+        "--", "bash", "-c", entrypoint,
+    ]  # fmt: skip

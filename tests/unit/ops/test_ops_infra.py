@@ -1,0 +1,182 @@
+"""infra/ and prefect.yaml: they parse, name entry points that exist, and agree with each other."""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata
+import json
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+
+from components.ops.launch import (
+    LaunchSpecError,
+    load_spec,
+    ray_job_submit_command,
+    sglang_server_command,
+)
+from components.ops.prefect_ops import gpu_pool_template, process_pool_template
+
+REPO = Path(__file__).resolve().parents[3]
+INFRA = REPO / "infra"
+DOCKER_INSTRUCTIONS = {
+    "FROM",
+    "RUN",
+    "CMD",
+    "LABEL",
+    "EXPOSE",
+    "ENV",
+    "ADD",
+    "COPY",
+    "ENTRYPOINT",
+    "VOLUME",
+    "USER",
+    "WORKDIR",
+    "ARG",
+    "ONBUILD",
+    "STOPSIGNAL",
+    "HEALTHCHECK",
+    "SHELL",
+}
+
+
+def _prefect() -> dict:
+    return yaml.safe_load((REPO / "prefect.yaml").read_text())
+
+
+def _deployment(name: str) -> dict:
+    return next(d for d in _prefect()["deployments"] if d["name"] == name)
+
+
+def _flow_name(entrypoint: str) -> str:
+    """The @flow(name=...) of ``path.py:function``, read from the source (no import)."""
+    path, func = entrypoint.split(":")
+    tree = ast.parse((REPO / path).read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and node.name == func:
+            for deco in node.decorator_list:
+                if isinstance(deco, ast.Call) and getattr(deco.func, "id", "") == "flow":
+                    names = [k.value.value for k in deco.keywords if k.arg == "name"]
+                    return names[0] if names else func.replace("_", "-")
+            raise AssertionError(f"{entrypoint} is not decorated with @flow")
+    raise AssertionError(f"{entrypoint}: no function {func}")
+
+
+def _dockerfile() -> list[tuple[str, str]]:
+    text = (INFRA / "gpu" / "Dockerfile").read_text().replace("\\\n", " ")
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    return [(ln.split(None, 1)[0].upper(), ln.split(None, 1)[1] if " " in ln else "") for ln in lines]
+
+
+def test_every_infra_file_parses() -> None:
+    for path in sorted(INFRA.rglob("*")):
+        if path.suffix in (".yaml", ".yml"):
+            assert all(doc is not None for doc in yaml.safe_load_all(path.read_text())), path
+        elif path.suffix == ".json":
+            json.loads(path.read_text())
+    instructions = _dockerfile()
+    assert instructions[0][0] == "FROM"
+    assert {kind for kind, _ in instructions} <= DOCKER_INSTRUCTIONS
+    for kind, args in instructions:
+        if kind == "COPY":
+            assert (REPO / args.split()[0]).exists(), f"Dockerfile copies missing {args.split()[0]}"
+
+
+def test_one_image_name_everywhere() -> None:
+    image = _deployment("npr-stage")["work_pool"]["job_variables"]["image"]
+    k8s = json.loads((INFRA / "k8s" / "gpu-pool-template.json").read_text())
+    sglang_k8s = next(yaml.safe_load_all((INFRA / "k8s" / "sglang-server.yaml").read_text()))
+    pod = sglang_k8s["spec"]["template"]["spec"]
+    found = {
+        "k8s pool template": k8s["variables"]["properties"]["image"]["default"],
+        "ray cluster": yaml.safe_load((INFRA / "ray" / "cluster.yaml").read_text())["docker"]["image"],
+        "sglang spec": load_spec(INFRA / "sglang" / "server.yaml")["image"],
+        "sglang k8s": pod["containers"][0]["image"],
+        "sglang k8s init": pod["initContainers"][0]["image"],
+    }
+    assert found == dict.fromkeys(found, image)
+    tag = re.search(r"docker build .* -t (\S+) \.", (INFRA / "gpu" / "Dockerfile").read_text())
+    assert tag and tag.group(1) == image
+    assert f"-t {image}" in (INFRA / "README.md").read_text()
+
+
+def test_gpu_requirements_follow_verls_sglang_extra() -> None:
+    pins = {}
+    for line in (INFRA / "gpu" / "requirements.txt").read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if "==" in line:
+            name, version = line.split("==")
+            pins[re.sub(r"\[.*\]", "", name).lower()] = version
+    requires = importlib.metadata.requires("verl")
+    extra = [r for r in requires if 'extra == "sglang"' in r and "==" in r.split(";")[0]]
+    assert extra, "verl's sglang extra lists no pins"
+    for req in extra:
+        name, version = req.split(";")[0].strip().split("==")
+        assert pins.get(name.lower()) == version, f"{name} must be pinned to {version} (verl[sglang])"
+    assert pins["verl"] == importlib.metadata.version("verl")
+
+
+def test_deployments_reference_existing_flows_and_pools() -> None:
+    from flows.pipeline import NPR_STAGE_DEPLOYMENT
+
+    names = {d["name"]: d for d in _prefect()["deployments"]}
+    assert set(names) == {"npr-pipeline", "npr-stage", "nightly-eval"}
+    assert _flow_name(names["npr-pipeline"]["entrypoint"]) == "npr-pipeline"
+    # the pipeline dispatches gpu stages to "<flow>/<deployment>": both halves must match prefect.yaml
+    assert f"{_flow_name(names['npr-stage']['entrypoint'])}/npr-stage" == NPR_STAGE_DEPLOYMENT
+    assert _flow_name(names["nightly-eval"]["entrypoint"]) == "nightly-eval"
+    assert names["npr-pipeline"]["work_pool"]["name"] == "cpu"
+    assert names["npr-stage"]["work_pool"]["name"] == "gpu"
+    assert names["nightly-eval"]["work_pool"]["name"] == "{{ $NPR_NIGHTLY_POOL }}"
+    pyproject = (REPO / "pyproject.toml").read_text()
+    assert 'npr = "components.cli:main"' in pyproject
+    from components import cli
+
+    assert callable(cli.main)
+
+
+def test_nightly_schedule_matches_the_profiles() -> None:
+    (schedule,) = _deployment("nightly-eval")["schedules"]
+    for profile in ("tiny", "qwen3-4b"):
+        nightly = yaml.safe_load((REPO / "configs" / f"{profile}.yaml").read_text())["nightly"]
+        assert (schedule["cron"], schedule["timezone"]) == (nightly["cron"], nightly["timezone"]), profile
+
+
+def test_gpu_job_variables_are_declared_by_both_pool_templates() -> None:
+    used = set(_deployment("npr-stage")["work_pool"]["job_variables"])
+    k8s = json.loads((INFRA / "k8s" / "gpu-pool-template.json").read_text())["variables"]["properties"]
+    local = gpu_pool_template()["variables"]["properties"]
+    assert used == {"image", "gpu_count", "env"}
+    assert used <= set(k8s) and used <= set(local)
+    assert set(local) - set(process_pool_template()["variables"]["properties"]) == {"image", "gpu_count"}
+
+
+def test_sglang_command_renders_the_spec_and_matches_the_k8s_server() -> None:
+    spec = load_spec(INFRA / "sglang" / "server.yaml")
+    argv = sglang_server_command(spec)
+    assert argv[:3] == ["python", "-m", "sglang.launch_server"]
+    assert argv[argv.index("--tp-size") + 1] == str(spec["tp_size"])
+    assert argv[argv.index("--mem-fraction-static") + 1] == "0.85"
+    assert argv[argv.index("--model-path") + 1] == "artifacts/npr_zero/model"
+    container = next(yaml.safe_load_all((INFRA / "k8s" / "sglang-server.yaml").read_text()))
+    container = container["spec"]["template"]["spec"]["containers"][0]
+    assert [*container["command"], *container["args"]] == argv
+    with pytest.raises(LaunchSpecError, match="unknown"):
+        sglang_server_command({**spec, "tp": 2})
+    with pytest.raises(LaunchSpecError, match="model_path"):
+        sglang_server_command({k: v for k, v in spec.items() if k != "model_path"})
+
+
+def test_ray_job_submission_of_a_stage() -> None:
+    spec = load_spec(INFRA / "ray" / "job.yaml")
+    argv = ray_job_submit_command("papo_rl", spec, run_id="r1", address="http://head:8265")
+    assert argv[:3] == ["ray", "job", "submit"] and argv[argv.index("--address") + 1] == "http://head:8265"
+    assert argv[argv.index("--submission-id") + 1] == "npr-papo_rl-r1"
+    env = json.loads(argv[argv.index("--runtime-env-json") + 1])["env_vars"]
+    assert env["NPR_PIPELINE_RUN_ID"] == "r1" and env["DVC_NO_ANALYTICS"] == "1"
+    script = argv[argv.index("--") + 3]
+    assert shlex.split(script)[:4] == ["dvc", "repro", "--pull", "--single-item"] and "papo_rl" in script
+    assert "dvc push --run-cache -r s3 papo_rl" in script
