@@ -48,10 +48,8 @@ class OrchestrationConfig(StrictModel):
     cpu_pool: str = "cpu"
     gpu_pool: str = "gpu"
     # Pool of the nightly-eval deployment: the gpu pool for real checkpoints, cpu for the tiny profile.
+    # (The gpu pool's image and GPU count are job variables of the npr-stage deployment in prefect.yaml.)
     nightly_pool: Literal["cpu", "gpu"] = "cpu"
-    # Worker image of the gpu pool (infra/gpu/Dockerfile); its tag follows infra/gpu/requirements.txt.
-    gpu_image: str = "ghcr.io/npr-pipeline/gpu-worker:verl0.9.1-sglang0.5.12"
-    gpus_per_stage: int = Field(1, ge=0)
     # How long `npr server` waits for the API to answer /api/health.
     server_start_timeout_s: int = Field(120, ge=5)
 
