@@ -130,10 +130,13 @@ def write_baseline(
     path: Path | str,
     checkpoint: str | None = None,
     command: str | None = None,
+    benchmarks: Sequence[str] | None = None,
 ) -> Baseline:
     """Write the baseline file of one checkpoint from an evaluation's metrics (the stage's or `npr eval`'s).
 
-    ``cfg`` is the PipelineConfig of the run; ``checkpoint`` defaults to ``cfg.nightly.checkpoint``.
+    ``cfg`` is the PipelineConfig of the run; ``checkpoint`` defaults to ``cfg.nightly.checkpoint``;
+    ``benchmarks`` to the ones the nightly runs (``cfg.nightly.benchmarks``, else all of the evaluation's),
+    since the gate fails on a baseline benchmark the night did not evaluate.
     The header comment records how the numbers were produced (baseline updates land by PR, with a reason).
     """
     name = checkpoint or cfg.nightly.checkpoint
@@ -142,7 +145,11 @@ def write_baseline(
         raise KeyError(f"checkpoint {name!r} is not in the evaluation (it has {sorted(checkpoints)})")
     ckpt = checkpoints[name]
     settings = eval_metrics["settings"]
-    benchmarks = {
+    wanted = list(benchmarks or cfg.nightly.benchmarks or ckpt["benchmarks"])
+    missing = [b for b in wanted if b not in ckpt["benchmarks"]]
+    if missing:
+        raise KeyError(f"benchmarks {missing} are not in the evaluation of {name!r}")
+    baseline_benchmarks = {
         bench: BaselineBenchmark(
             n_problems=int(m["n_problems"]),
             n_samples=int(m["n_samples"]),
@@ -150,6 +157,7 @@ def write_baseline(
             metrics={key: float(m[key]) for key in BASELINE_METRICS if key in m},
         )
         for bench, m in ckpt["benchmarks"].items()
+        if bench in wanted
     }
     path = Path(path)
     baseline = Baseline(
@@ -163,7 +171,7 @@ def write_baseline(
         engine_version={k: str(v) for k, v in settings["engine_version"].items()},
         sampling=dict(settings["sampling"]),
         created_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        benchmarks=benchmarks,
+        benchmarks=baseline_benchmarks,
     )
     header = (
         f"# Baseline of checkpoint '{name}' (profile '{cfg.profile}') for the nightly regression gate.\n"

@@ -181,3 +181,18 @@ def test_markdown_diff_table_lists_every_check(baseline: Any, make_eval: Any, ni
     rows = [line for line in md.splitlines() if line.startswith("| tiny_test")]
     assert len(rows) == len(result.checks)
     assert "| tiny_test | accuracy | baseline | 0.6000 | 0.4500 | -0.1500 |" in md
+
+
+def test_baseline_keeps_the_benchmarks_the_nightly_runs(
+    tmp_path: Path, make_eval: Any, tiny_cfg: Any
+) -> None:
+    ev = make_eval(0.6)
+    benches = ev["checkpoints"]["papo_rl"]["benchmarks"]
+    benches["aime24"] = dict(benches["tiny_test"], n_problems=3, n_samples=1, k=1)
+    # The tiny profile's nightly runs tiny_test only: a baseline holding aime24 would fail every night.
+    assert list(write_baseline(ev, tiny_cfg, tmp_path / "a.yaml").benchmarks) == ["tiny_test"]
+    assert list(write_baseline(ev, tiny_cfg, tmp_path / "b.yaml", benchmarks=["aime24"]).benchmarks) == [
+        "aime24"
+    ]
+    with pytest.raises(KeyError, match="math500"):
+        write_baseline(ev, tiny_cfg, tmp_path / "c.yaml", benchmarks=["math500"])
