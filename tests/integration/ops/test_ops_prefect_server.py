@@ -61,12 +61,17 @@ def _copy_repo(dest: Path) -> Path:
     return dest
 
 
-def _group_alive(pid: int) -> bool:
-    try:
-        os.killpg(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+def _group_alive(pid: int, grace_s: float = 5.0) -> bool:
+    """Whether any process of the group exists after ``grace_s`` (killed orphans take a moment to be reaped)."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        try:
+            os.killpg(pid, 0)
+        except ProcessLookupError:
+            return False
+        if time.monotonic() > deadline:
+            return True
+        time.sleep(0.1)
 
 
 def test_server_deployments_worker_and_a_pipeline_run(
