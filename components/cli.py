@@ -166,8 +166,13 @@ def eval_(
 
     cfg = _load(None, set_)
     names = [b.strip() for b in benchmarks.split(",") if b.strip()]
-    summary = evaluate_checkpoint(cfg, checkpoint=checkpoint, benchmarks=names, k=k, mode=mode, out_dir=out)
+    try:
+        summary = evaluate_checkpoint(cfg, checkpoint=checkpoint, benchmarks=names, k=k, mode=mode, out_dir=out)
+    except (FileNotFoundError, ValueError, KeyError) as err:
+        _fail(f"eval failed: {err}", 1)
     typer.echo(json.dumps(summary, indent=2, default=str))
+    if summary.get("report"):
+        typer.echo(f"report: {summary['report']}")
 
 
 @app.command("server")
