@@ -6,7 +6,9 @@ Order of decision for one (pred, gold candidate):
 2. normalised strings equal -> True (``exact``, see ``normalize.normalize_answer``);
 3. both plain numbers -> compared exactly or within ``cfg.float_rel_tol`` (``numeric``), decisive either
    way: math-verify reads plain numbers the same way, so it could not disagree;
-4. otherwise math-verify ``verify(parse(gold), parse(pred))`` in the process pool (``math_verify``), with a
+4. one side a plain number, the other an expression in free variables or a tuple / list / interval (a
+   comma) -> False (``number_vs_expression``);
+5. otherwise math-verify ``verify(parse(gold), parse(pred))`` in the process pool (``math_verify``), with a
    per-pair deadline; a pair that times out or whose worker dies is False with the reason.
 
 A list gold (Minerva, OlympiadBench) is any-of over its candidates. ``grade_many`` is the batch form RL and
@@ -21,7 +23,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from components.grading.config import GradingConfig
-from components.grading.normalize import gold_candidates, normalize_answer, numbers_equal, read_number
+from components.grading.normalize import (
+    gold_candidates,
+    has_free_symbols,
+    normalize_answer,
+    numbers_equal,
+    read_number,
+)
 
 # Bounded memo of math-verify verdicts keyed by (gold, pred) text; cleared when full (simple and enough:
 # within one RL step or eval run the same pairs repeat, across runs they rarely do).
@@ -33,8 +41,8 @@ _VERDICT_CACHE_MAX = 1 << 17
 class Verdict:
     """The grade of one (pred, gold): ``equal``, the deciding ``method``, and ``reason`` when not graded.
 
-    ``method`` is ``no_answer``, ``exact``, ``numeric``, ``math_verify`` or ``failed`` (timeout / worker
-    crash / parser error; ``reason`` says which).
+    ``method`` is ``no_answer``, ``exact``, ``numeric``, ``number_vs_expression``, ``math_verify`` or
+    ``failed`` (timeout / worker crash / parser error; ``reason`` says which).
     """
 
     equal: bool
@@ -51,11 +59,21 @@ def fast_verdict(pred: str, gold: str, rel_tol: float) -> Verdict | None:
     if pred_norm == gold_norm:
         return Verdict(True, "exact")
     pred_value = read_number(pred_norm)
-    if pred_value is not None:
-        gold_value = read_number(gold_norm)
-        if gold_value is not None:
-            return Verdict(numbers_equal(pred_value, gold_value, rel_tol), "numeric")
+    gold_value = read_number(gold_norm)
+    if pred_value is not None and gold_value is not None:
+        return Verdict(numbers_equal(pred_value, gold_value, rel_tol), "numeric")
+    # A plain number never equals an expression in free variables or a tuple/list/interval; math-verify
+    # would try to simplify the difference to prove it, which costs up to seconds per pair on
+    # physics-style answers.
+    if (pred_value is not None and _not_a_scalar(gold_norm)) or (
+        gold_value is not None and _not_a_scalar(pred_norm)
+    ):
+        return Verdict(False, "number_vs_expression")
     return None
+
+
+def _not_a_scalar(normalized: str) -> bool:
+    return "," in normalized or has_free_symbols(normalized)
 
 
 def _combine(verdicts: Sequence[Verdict]) -> Verdict:
@@ -141,4 +159,5 @@ def clear_caches() -> None:
     _VERDICT_CACHE.clear()
     normalize_answer.cache_clear()
     read_number.cache_clear()
+    has_free_symbols.cache_clear()
     _extract.cache_clear()

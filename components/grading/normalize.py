@@ -36,6 +36,7 @@ _DEGREES = re.compile(
 _PERCENT = re.compile(r"\\%|%")
 _FRAC_SHORT = re.compile(r"\\[dt]?frac([0-9A-Za-z])([0-9A-Za-z])")
 _SQRT_SHORT = re.compile(r"\\sqrt([0-9]+|[A-Za-z])")
+_COMMAND_BEFORE_LETTER = re.compile(r"(\\[A-Za-z]+)\s+(?=[A-Za-z])")
 _FRAC_VARIANT = re.compile(r"\\[dt]frac(?![A-Za-z])")
 # `x = 3`, `k=5`, `a_n = ...`: a single-symbol left side is notation, not part of the answer.
 _ASSIGNMENT = re.compile(r"^[A-Za-z](?:_\{?[A-Za-z0-9]+\}?)?=(?!=)")
@@ -113,6 +114,7 @@ def normalize_answer(answer: str) -> str:
     s = _DEGREES.sub("", s)
     s = _PERCENT.sub("", s)
     s = _FRAC_VARIANT.sub(r"\\frac", s)
+    s = _COMMAND_BEFORE_LETTER.sub(r"\1{}", s)  # `\pi c` must not become the command `\pic`
     s = "".join(s.split())
     s = _FRAC_SHORT.sub(r"\\frac{\1}{\2}", s)
     s = _SQRT_SHORT.sub(r"\\sqrt{\1}", s)
@@ -155,6 +157,22 @@ def read_number(normalized: str) -> Fraction | None:
     except (ValueError, ZeroDivisionError, OverflowError):
         return None
     return None
+
+
+_COMMAND = re.compile(r"\\[A-Za-z]+")
+# Function and constant names written without a backslash, and the letters sympy reads as constants.
+_NOT_VARIABLES = re.compile(r"sqrt|sin|cos|tan|cot|sec|csc|log|ln|exp|pi|inf|oo|[eEiI](?![A-Za-z])")
+_LETTER = re.compile(r"[A-Za-z]")
+
+
+@lru_cache(maxsize=1 << 16)
+def has_free_symbols(normalized: str) -> bool:
+    """True when a normalised answer contains a letter that is a variable (not a command or constant).
+
+    Used to decide "plain number vs an expression in variables" as unequal without math-verify: such a
+    pair can only be equal through an assignment (``x=3``), which normalisation has already removed.
+    """
+    return _LETTER.search(_NOT_VARIABLES.sub("", _COMMAND.sub("", normalized))) is not None
 
 
 def numbers_equal(a: Fraction, b: Fraction, rel_tol: float) -> bool:

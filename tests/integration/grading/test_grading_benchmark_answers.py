@@ -108,6 +108,29 @@ def test_reformatted_answers_are_equal(golds: dict[str, list[Any]], pool_cfg: Gr
     assert {"exact", "numeric", "math_verify"} <= methods  # every path was exercised
 
 
+def test_fast_path_never_says_false_where_math_verify_says_true(
+    golds: dict[str, list[Any]], pool_cfg: GradingConfig
+) -> None:
+    """The decisive-False rules (numbers, number vs expression) agree with math-verify on real answers."""
+    import random
+
+    from components.grading.equivalence import fast_verdict
+    from components.grading.verify_pool import get_pool
+
+    answers = [gold_candidates(g)[0] for values in golds.values() for g in values]
+    rng = random.Random(0)
+    decided_false: dict[str, list[tuple[str, str]]] = {"numeric": [], "number_vs_expression": []}
+    for gold in answers:
+        for pred in (rng.choice(answers), perturbed(gold)):
+            verdict = fast_verdict(pred, gold, pool_cfg.float_rel_tol) if pred else None
+            if verdict is not None and not verdict.equal and verdict.method in decided_false:
+                decided_false[verdict.method].append((gold, pred))
+    sample = [pair for pairs in decided_false.values() for pair in rng.sample(pairs, 40)]
+    pool = get_pool(pool_cfg.workers, pool_cfg.pool_start_timeout_s)
+    results = pool.verify(sample, timeout_s=3.0, chunk_size=8)
+    assert not [pair for pair, (equal, _) in zip(sample, results, strict=True) if equal]
+
+
 def test_perturbed_answers_are_not_equal(golds: dict[str, list[Any]], pool_cfg: GradingConfig) -> None:
     pairs = []
     for answers in golds.values():

@@ -10,7 +10,13 @@ import pytest
 from components.grading import verify_pool
 from components.grading.config import GradingConfig
 from components.grading.equivalence import Verdict, fast_verdict, grade_many_verdicts
-from components.grading.normalize import gold_candidates, normalize_answer, numbers_equal, read_number
+from components.grading.normalize import (
+    gold_candidates,
+    has_free_symbols,
+    normalize_answer,
+    numbers_equal,
+    read_number,
+)
 
 
 @pytest.fixture()
@@ -46,6 +52,7 @@ def no_pool(monkeypatch: pytest.MonkeyPatch) -> None:
         ("\u22123", "-3"),
         ("\\begin{pmatrix} -1 & 0 \\\\ 0 & -1 \\end{pmatrix}", "\\begin{pmatrix}-1&0\\\\0&-1\\end{pmatrix}"),
         ("\\text{Evelyn}", "Evelyn"),
+        ("2 \\pi c", "2\\pi{}c"),  # not the command `\\pic`
     ],
 )
 def test_normalize_answer(raw: str, normalized: str) -> None:
@@ -106,6 +113,10 @@ def test_gold_candidates_handle_every_benchmark_type() -> None:
         ("26", "27", Verdict(False, "numeric")),
         ("0.1", "10\\%", Verdict(False, "numeric")),
         ("  ", "3", Verdict(False, "no_answer")),
+        ("12", "(-\\frac{1}{2}, \\frac{7}{2})", Verdict(False, "number_vs_expression")),
+        ("81", "\\frac{2 \\pi c^{2}}{\\lambda^{5}}", Verdict(False, "number_vs_expression")),
+        ("y = 2x + 3", "3", Verdict(False, "number_vs_expression")),
+        ("4 apples", "4", Verdict(False, "number_vs_expression")),
     ],
 )
 def test_fast_verdicts(pred: str, gold: str, verdict: Verdict) -> None:
@@ -115,6 +126,25 @@ def test_fast_verdicts(pred: str, gold: str, verdict: Verdict) -> None:
 def test_undecidable_pairs_are_left_to_math_verify() -> None:
     assert fast_verdict("\\sqrt{8}", "2\\sqrt{2}", rel_tol=1e-6) is None
     assert fast_verdict("5", "\\sqrt{25}", rel_tol=1e-6) is None
+    assert fast_verdict("7.389", "e^{2}", rel_tol=1e-6) is None  # e and i are constants, not variables
+    assert (
+        fast_verdict("1", "\\sin^2 x + \\cos^2 x", rel_tol=1e-6) is not None
+    )  # x is free: a number cannot match
+
+
+@pytest.mark.parametrize(
+    ("normalized", "free"),
+    [
+        ("2\\sqrt{3}", False),
+        ("e^{i\\pi}", False),
+        ("sqrt(2)", False),
+        ("3x+1", True),
+        ("C_{1}e^{t}", True),
+        ("(C)", True),
+    ],
+)
+def test_has_free_symbols(normalized: str, free: bool) -> None:
+    assert has_free_symbols(normalized) is free
 
 
 def test_grade_many_fast_pairs_never_touch_the_pool(no_pool: None) -> None:
