@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -55,14 +56,19 @@ def execute_stage(stage: str, cfg: PipelineConfig, pipeline_run_id: str | None =
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     if pipeline_run_id:
         env["NPR_PIPELINE_RUN_ID"] = pipeline_run_id
-    proc = subprocess.run(
-        [_dvc(), "repro", "--single-item", stage], env=env, text=True, capture_output=True, check=False
-    )
-    sys.stdout.write(proc.stdout)
-    sys.stderr.write(proc.stderr)
+    # Stream the stage's output live (progress bars, metrics) and keep the tail for the error message.
+    tail: deque[str] = deque(maxlen=25)
+    with subprocess.Popen(
+        [_dvc(), "repro", "--single-item", stage], env=env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, bufsize=1,
+    ) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            tail.append(line.rstrip("\n"))
     if proc.returncode != 0:
-        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-25:])
-        raise StageFailed(f"stage {stage} failed (dvc repro exit {proc.returncode}):\n{tail}")
+        raise StageFailed(f"stage {stage} failed (dvc repro exit {proc.returncode}):\n" + "\n".join(tail))
     if cfg.storage.push_after_stage:
         storage.push_stage_outputs(stage, cfg)
     return stage_metrics(stage)
