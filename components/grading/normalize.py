@@ -104,10 +104,9 @@ def normalize_answer(answer: str) -> str:
     """
     s = _strip_delimiters(answer.replace("\u2212", "-"))
     previous = None
-    while s != previous:  # peel nested wrappers: `$\boxed{\text{(C)}}$`
+    while s != previous:  # peel nested wrappers and stacked units: `$\boxed{\text{(C)}}$`, `$5$\text{ cm}`
         previous = s
-        s = _strip_delimiters(_unwrap_whole(s.strip()))
-    s = _strip_sign_off(s)
+        s = _strip_sign_off(_strip_delimiters(_unwrap_whole(s.strip())))
     s = _TEXT_WRAPPED.sub(r"\1", s)
     s = _LEFT_RIGHT.sub("", s)
     s = _SPACING.sub("", s)

@@ -53,6 +53,8 @@ def no_pool(monkeypatch: pytest.MonkeyPatch) -> None:
         ("\\begin{pmatrix} -1 & 0 \\\\ 0 & -1 \\end{pmatrix}", "\\begin{pmatrix}-1&0\\\\0&-1\\end{pmatrix}"),
         ("\\text{Evelyn}", "Evelyn"),
         ("2 \\pi c", "2\\pi{}c"),  # not the command `\\pic`
+        ("5.4 \\text{ cents}\\text{ units}", "5.4"),
+        ("$k=3$\\text{ units}", "3"),
     ],
 )
 def test_normalize_answer(raw: str, normalized: str) -> None:
