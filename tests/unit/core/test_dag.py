@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 from pathlib import Path
 
 import pytest
@@ -17,9 +17,8 @@ def test_every_stage_is_the_cli_on_its_own_module(in_repo: Path) -> None:
     for name, spec in load_stages().items():
         assert spec.cmd == f"npr stage {name}"
         assert f"components/stages/{name}.py" in spec.deps, f"{name} must depend on its own source"
-        assert importlib.util.find_spec(f"components.stages.{name}") is not None or not Path(
-            f"components/stages/{name}.py"
-        ).exists()
+        module = importlib.import_module(f"components.stages.{name}")
+        assert callable(getattr(module, "run", None)), f"components/stages/{name}.py must define run(cfg, io)"
 
 
 def test_params_exist_in_params_yaml(in_repo: Path) -> None:
