@@ -95,12 +95,12 @@ def npr_pipeline(profile: str = "tiny", stages: list[str] | None = None, overrid
     run_id = str(flow_run.get_id() or "local")
     results: dict[str, Any] = {}
     for name in selected:
-        timeout = cfg.orchestration.task_timeout_s.get(name, cfg.orchestration.default_timeout_s)
+        timeout = cfg.orchestration.timeout_for(name)
         fingerprint = stage_fingerprint(specs[name], cfg)
         # One task object per stage so its version (code + params fingerprint) is recorded on the run.
         runner = task(
             run_stage_in_flow, name=f"stage-{name}", version=fingerprint, timeout_seconds=timeout,
-            retries=cfg.orchestration.retries, retry_delay_seconds=10, log_prints=True,
+            retries=cfg.orchestration.retries, retry_delay_seconds=cfg.orchestration.retry_delay_s, log_prints=True,
         )
         results[name] = runner(name, cfg.profile, fingerprint, name in cfg.orchestration.gpu_stages, run_id)
     return results

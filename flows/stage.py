@@ -51,7 +51,8 @@ def execute_stage(stage: str, cfg: PipelineConfig, pipeline_run_id: str | None =
     """Pull missing inputs, `dvc repro --single-item`, push outputs; returns the stage's metrics."""
     from components import storage
 
-    storage.pull_stage_inputs(stage, cfg)
+    if cfg.storage.pull_inputs:
+        storage.pull_stage_inputs(stage, cfg)
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     if pipeline_run_id:
