@@ -14,7 +14,6 @@ predecessor was never fed are NaN (such a response is malformed and no trainer u
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -265,7 +264,7 @@ class Decoder:
         if br.pending == tags.step_close:
             br.done = True
             br.pending = None
-            br.after_close = {"step": float(lp[tags.step_open]), "takeaway": float(lp[tags.takeaway_open])}
+            br.after_close = {"takeaway": float(lp[tags.takeaway_open])}
             return True
         if br.forced_queue:
             tok = br.forced_queue.pop(0)
@@ -303,20 +302,18 @@ class Decoder:
             for j, (lab, seed) in enumerate(zip(decision.labels, decision.seeds, strict=True))
         ]
         seq.ledger.charge(len(branches))  # the <step> openers; admitted by plan_fork
-        for j, br in enumerate(branches):
-            # Branch 0's <step> follows </guideline> in the flat layout; the others' log-probs are filled
-            # at the merge from their predecessor's </step>.
-            br.append(tags.step_open, float(lp[tags.step_open]) if j == 0 else math.nan, forced=True)
+        opener_lp = float(lp[tags.step_open])
+        for br in branches:
+            # Every branch opens from the </guideline> state: the canonical prediction rule
+            # (components.parallel.prediction_sources), the same one SFT and RL score with.
+            br.append(tags.step_open, opener_lp, forced=True)
         seq.block = OpenBlock(guideline_pos=g, start=len(seq.token_ids), plan=decision, branches=branches)
         return True
 
     def _flatten_block(self, seq: _Sequence, merged: bool) -> None:
         block = seq.block
         assert block is not None
-        for j, br in enumerate(block.branches):
-            if j > 0 and br.logprobs:
-                prev = block.branches[j - 1]
-                br.logprobs[0] = prev.after_close.get("step", math.nan)
+        for br in block.branches:
             seq.token_ids += br.token_ids
             seq.logprobs += br.logprobs
             seq.position_ids += br.position_ids

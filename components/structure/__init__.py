@@ -9,6 +9,7 @@ from components.structure.attention import (
     batch_parallel_segments,
     parallel_attention_inputs,
     parallel_segments,
+    prediction_sources,
     to_additive_mask,
 )
 from components.structure.errors import StructureError, TagTokenError
@@ -60,6 +61,7 @@ __all__ = [
     "normalize_layout",
     "normalize_layout_result",
     "parallel_attention_inputs",
+    "prediction_sources",
     "parallel_segments",
     "parse_ids",
     "parse_label",

@@ -219,3 +219,29 @@ def to_additive_mask(mask: torch.Tensor, dtype: torch.dtype = torch.float32) -> 
         raise TypeError(f"additive masks need a floating dtype, got {dtype}")
     out = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
     return out.masked_fill_(~mask, torch.finfo(dtype).min)
+
+
+def prediction_sources(mask: torch.Tensor) -> torch.Tensor:
+    """For every token, the position whose logits predict it: the last EARLIER position it may attend to.
+
+    In a plain causal sequence that is ``t - 1``. The first token of a sibling step cannot see the steps
+    before it, so it is predicted from the last token before the block's first step (``</guideline>`` in
+    the canonical layout) — exactly where the engine forks every branch. SFT and RL both score tokens with
+    this rule, so training log-probs equal the engine's.
+
+    Args:
+        mask: bool ``[B, 1, L, L]``, ``[B, L, L]`` or ``[L, L]``; True = the query row may attend to the key.
+
+    Returns:
+        long ``[B, L]`` (or ``[L]`` for a 2D mask); rows with no earlier visible key (position 0, padding)
+        get 0. Peak extra memory is one byte per mask element (no ``L x L`` integer temporaries).
+    """
+    squeeze = mask.dim() == 2
+    allowed = mask[None] if squeeze else (mask[:, 0] if mask.dim() == 4 else mask)
+    length = allowed.shape[-1]
+    strictly_before = torch.ones(length, length, dtype=torch.bool, device=allowed.device).tril(-1)
+    visible = (allowed & strictly_before).to(torch.uint8)
+    # the last True per row = L - 1 - (first True in the reversed row); rows with none fall back to 0
+    last = length - 1 - torch.argmax(torch.flip(visible, dims=[-1]), dim=-1)
+    out = torch.where(visible.amax(dim=-1) > 0, last, torch.zeros_like(last))
+    return out[0] if squeeze else out

@@ -21,6 +21,7 @@ from components.parallel import (
     TagIds,
     batch_parallel_attention_inputs,
     parallel_segments,
+    prediction_sources,
     to_additive_mask,
 )
 
@@ -150,8 +151,13 @@ def response_log_probs(
     logits = out.logits
     if temperature > 0 and temperature != 1.0:
         logits = logits / temperature
-    # token j is predicted by the logits at j - 1
-    pred_index = (batch.response_index.to(device) - 1).clamp(min=0)
+    response_index = batch.response_index.to(device)
+    if batch.attention_mask.dim() == 4:
+        # parallel layout: a token is predicted from the last earlier position it can see (a step's first
+        # token from where the engine forked it), the same rule as SFT and the engine's recorded logprobs
+        pred_index = prediction_sources(batch.attention_mask.to(device)).gather(1, response_index)
+    else:
+        pred_index = (response_index - 1).clamp(min=0)  # causal: token j is predicted by the logits at j - 1
     vocab = logits.shape[-1]
     step_logits = logits.gather(1, pred_index.unsqueeze(-1).expand(-1, -1, vocab)).float()
     log_probs_all = torch.log_softmax(step_logits, dim=-1)

@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 import torch
 
+from components.parallel import prediction_sources
 from components.prompts import render_prompt
 
 Mode = Literal["parallel", "sequential"]
@@ -177,21 +178,8 @@ def causal_parents(length: int) -> torch.Tensor:
 
 
 def parents_from_mask(mask: torch.Tensor) -> torch.Tensor:
-    """The last earlier position each query may attend to.
-
-    Args:
-        mask: bool[B, 1, L, L] or bool[B, L, L], True = query row may attend to key column.
-
-    Returns:
-        long[B, L]; rows with no earlier visible key (position 0, padding) get 0.
-    """
-    allowed = mask[:, 0] if mask.dim() == 4 else mask
-    length = allowed.shape[-1]
-    strictly_before = torch.ones(length, length, dtype=torch.bool, device=allowed.device).tril(-1)
-    visible = allowed & strictly_before
-    # argmax of (index + 1) over visible keys = the largest visible index; 0 when none is visible.
-    scored = visible.long() * (torch.arange(length, device=allowed.device) + 1)
-    return (scored.max(dim=-1).values - 1).clamp_min(0)
+    """long[B, L]: the position whose logits predict each token (``components.parallel.prediction_sources``)."""
+    return prediction_sources(mask)
 
 
 def collate(examples: Sequence[SFTExample], mode: Mode, pad_id: int, tags: Any = None) -> SFTBatch:

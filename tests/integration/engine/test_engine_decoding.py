@@ -14,7 +14,13 @@ from components.engine.decoder import end_of_turn_ids
 from components.engine.ledger import TokenLedger
 from components.engine.parallel import EngineTags, plan_fork
 from components.models.tiny import tiny_test_world
-from components.structure import StructureError, TagIds, parallel_attention_inputs, to_additive_mask
+from components.structure import (
+    StructureError,
+    TagIds,
+    parallel_attention_inputs,
+    prediction_sources,
+    to_additive_mask,
+)
 
 TWO_PLANS = "<guideline><plan>1: add</plan><plan>2: mul</plan></guideline>"
 THREE_PLANS = "<guideline><plan>1: a</plan><plan>2: b</plan><plan>3: c</plan></guideline>"
@@ -119,7 +125,10 @@ def test_parallel_logprobs_and_positions_equal_the_trainer(world, temperature: f
             continue  # the random model wrote a stray tag: the trainer rejects the sample
         lp = _teacher_forced(model, ids, mask, pos)
         n = len(g.token_ids)
-        tf = lp[p - 1 : p - 1 + n].gather(-1, torch.tensor(g.token_ids)[:, None]).squeeze(-1)
+        # the trainer's rule: each token is predicted from the last earlier position it can see
+        sources = prediction_sources(mask)[p : p + n]
+        assert (sources != torch.arange(p - 1, p - 1 + n)).sum() == len(g.blocks[0].labels) - 1
+        tf = lp[sources].gather(-1, torch.tensor(g.token_ids)[:, None]).squeeze(-1)
         assert (tf - torch.tensor(g.logprobs)).abs().max().item() <= 1e-4
         assert pos[p : p + n].tolist() == g.position_ids
         checked += 1

@@ -10,7 +10,7 @@ import torch
 from components.config import load_config
 from components.data.synthetic import expression_of, generate_problems, render_parallel
 from components.models.tiny import tiny_test_world
-from components.parallel import TagIds, parallel_attention_inputs
+from components.parallel import TagIds, parallel_attention_inputs, prediction_sources
 from components.prompts import render_prompt
 from components.training.rl_batch import Rollout, build_policy_batch, response_log_probs, structural_rejection
 from components.training.rl_objective import actor_config, compute_advantages, compute_policy_loss
@@ -57,9 +57,10 @@ def test_batched_parallel_forward_equals_per_sample_forward(world):
             ids = torch.tensor([r.prompt_ids + r.response_ids])
             mask, pos = parallel_attention_inputs(ids[0], tags, start=len(r.prompt_ids))
             logits = model(input_ids=ids, attention_mask=mask[None, None], position_ids=pos[None]).logits[0]
-            lp = torch.log_softmax(logits[:-1].float(), -1).gather(-1, ids[0, 1:, None]).squeeze(-1)
-            alone = lp[len(r.prompt_ids) - 1 :]
-            n = len(r.response_ids)
+            n, p = len(r.response_ids), len(r.prompt_ids)
+            # each token scored from the last earlier position it can see (the canonical prediction rule)
+            sources = prediction_sources(mask)[p:]
+            alone = torch.log_softmax(logits[sources].float(), -1).gather(-1, ids[0, p:, None]).squeeze(-1)
             torch.testing.assert_close(batched[b, :n], alone, atol=1e-5, rtol=0)
             assert torch.all(batched[b, n:] == 0)
 
