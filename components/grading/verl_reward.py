@@ -48,6 +48,13 @@ def _grading_config(reward: str, reward_values_json: str, grading_json: str) -> 
     return GradingConfig.model_validate(data)
 
 
+def _plain(value: Any) -> Any:
+    """JSON fallback for what a parquet round trip leaves in ``extra_info`` (numpy arrays and scalars)."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"cannot read reward setting of type {type(value).__name__}")
+
+
 def _settings(extra_info: Any, kwargs: Mapping[str, Any]) -> dict[str, Any]:
     settings: dict[str, Any] = {key: kwargs[key] for key in _SETTING_KEYS if kwargs.get(key) is not None}
     if isinstance(extra_info, Mapping):
@@ -72,8 +79,8 @@ def compute_score(
     reward = get_reward(reward_name)
     cfg = _grading_config(
         reward_name,
-        json.dumps(dict(settings.get("reward_values") or {}), sort_keys=True),
-        json.dumps(dict(settings.get("grading") or {}), sort_keys=True),
+        json.dumps(dict(settings.get("reward_values") or {}), sort_keys=True, default=_plain),
+        json.dumps(dict(settings.get("grading") or {}), sort_keys=True, default=_plain),
     )
     judgement = judge(solution_str, ground_truth, str(settings.get("schema", DEFAULT_SCHEMA)), cfg)
     result = reward(judgement, cfg)

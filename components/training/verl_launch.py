@@ -230,10 +230,25 @@ def compose_verl_config(overrides: list[str]) -> Any:
         return compose(config_name="ppo_trainer", overrides=overrides)
 
 
-def write_verl_parquet(problems: list[dict[str, Any]], path: Path, prompts_cfg: Any, style: str) -> int:
+def reward_settings(stage_cfg: Any, cfg: Any) -> dict[str, Any]:
+    """What ``verl_reward.compute_score`` reads from each row's ``extra_info``: the stage's reward
+    (stage1 / stage3), its values and the grading settings from params.yaml, and the schema."""
+    grading = cfg.grading.model_dump(mode="json")
+    return {
+        "reward": stage_cfg.reward,
+        "reward_values": grading.pop(stage_cfg.reward),
+        "grading": {k: v for k, v in grading.items() if k not in ("stage1", "stage3")},
+        "schema": cfg.schema_name,
+    }
+
+
+def write_verl_parquet(
+    problems: list[dict[str, Any]], path: Path, prompts_cfg: Any, style: str, reward: dict[str, Any] | None = None
+) -> int:
     """Problems as verl's RL dataset: chat ``prompt``, ``data_source``, ``reward_model.ground_truth``.
 
-    The user turn is built by ``components.prompts.chat_messages`` (the same text the local trainer uses).
+    The user turn is built by ``components.prompts.chat_messages`` (the same text the local trainer uses);
+    ``reward`` (see ``reward_settings``) rides in every row's ``extra_info`` so verl scores with our config.
     """
     import pandas as pd
 
@@ -245,7 +260,7 @@ def write_verl_parquet(problems: list[dict[str, Any]], path: Path, prompts_cfg: 
             "prompt": chat_messages(p["problem"], prompts_cfg, style),
             "ability": "math",
             "reward_model": {"style": "rule", "ground_truth": str(p["answer"])},
-            "extra_info": {"id": p["id"], "split": p.get("split", "train")},
+            "extra_info": {"id": p["id"], "split": p.get("split", "train"), **(reward or {})},
         }
         for p in problems
     ]
@@ -268,8 +283,9 @@ def prepare_launch(
     run_dir = Path(run_dir)
     train = read_shards(problems_dir, stem="train")
     test = read_shards(problems_dir, stem="test")
-    write_verl_parquet(train, run_dir / "train.parquet", cfg.prompts, style)
-    write_verl_parquet(test, run_dir / "val.parquet", cfg.prompts, style)
+    reward = reward_settings(stage_cfg, cfg)
+    write_verl_parquet(train, run_dir / "train.parquet", cfg.prompts, style, reward)
+    write_verl_parquet(test, run_dir / "val.parquet", cfg.prompts, style, reward)
     inputs = VerlRunInputs(
         model_path=str(Path(model_path).resolve()),
         train_files=str((run_dir / "train.parquet").resolve()),

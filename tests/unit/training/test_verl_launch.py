@@ -92,3 +92,26 @@ def test_ray_job_command_imports_plugins_and_files_are_written(tmp_path):
         )[1]
     )
     assert "VERL_USE_EXTERNAL_MODULES" not in dapo_env["env_vars"]
+
+
+def test_rows_carry_the_stage_reward_to_compute_score(tmp_path):
+    """papo_rl rows make verl score with stage3 (broken structure filtered), npr_zero rows with stage1."""
+    import pandas as pd
+
+    from components.config import load_config
+    from components.grading.verl_reward import compute_score
+    from components.training.verl_launch import reward_settings, write_verl_parquet
+
+    cfg = load_config(profile="tiny")
+    problems = [{"id": "p1", "problem": "Compute (1 + 2) + (3 + 4).", "answer": "10", "source": "synthetic"}]
+    # an unclosed step: no attention mask can be built, so stage3 filters it and stage1 penalises it
+    broken = "<guideline><plan>1: add</plan></guideline><step>1: 1 + 2 + 3 + 4 = 10 \\boxed{10}."
+    verdicts = {}
+    for stage in ("papo_rl", "npr_zero"):
+        path = tmp_path / f"{stage}.parquet"
+        write_verl_parquet(problems, path, cfg.prompts, "parallel", reward_settings(getattr(cfg, stage), cfg))
+        row = pd.read_parquet(path).iloc[0]
+        verdicts[stage] = compute_score(row["data_source"], broken, row["reward_model"]["ground_truth"],
+                                        extra_info=dict(row["extra_info"]))
+    assert verdicts["papo_rl"]["filtered"] is True and verdicts["papo_rl"]["acc"]
+    assert verdicts["npr_zero"]["filtered"] is False and verdicts["npr_zero"]["score"] < 0
