@@ -40,7 +40,7 @@ import torch
 from components.engine import GenerationConfig, generate
 from components.grading.judge import judge_many, summarize
 from components.grading.rewards import score_many
-from components.parallel import TagIds
+from components.parallel import TagIds, parse_text, trace_metrics
 from components.prompts import render_prompt
 from components.training.checkpoint import TrainingState, latest_checkpoint, load_checkpoint, save_checkpoint
 from components.training.dapo import DynamicSampler, DynamicSamplingStats, overlong_penalty
@@ -192,7 +192,10 @@ class RLTrainer:
             counters["generated_tokens"] += len(gen.token_ids)
         counters["rollouts"] += len(rollouts)
         counters["rollouts_truncated"] += sum(r.truncated for r in rollouts)
-        counters["rollouts_parallel"] += sum(r.parallel_taken for r in rollouts)
+        # parallel rate = the trace holds >= 1 valid block with >= 2 plans (the paper's trigger rate), whatever
+        # the decoding; the engine's fork rate is reported separately
+        counters["rollouts_parallel"] += sum(self._is_parallel(r.text) for r in rollouts)
+        counters["rollouts_forked"] += sum(r.parallel_taken for r in rollouts)
         counters["rollouts_valid"] += sum(r.valid for r in rollouts)
         counters["rollouts_correct_and_valid"] += sum(r.correct and r.valid for r in rollouts)
         counters["response_tokens"] += sum(len(r.response_ids) for r in rollouts)
@@ -293,6 +296,9 @@ class RLTrainer:
         }
 
     # ----------------------------------------------------------------------------------- evaluation
+    def _is_parallel(self, text: str) -> bool:
+        return trace_metrics(parse_text(text, self.cfg.schema_name)).is_parallel
+
     def evaluate(self) -> dict[str, Any]:
         """Held-out metrics of the current policy: one sample per problem, the stage's engine mode."""
         prompts = [self._prompt(p) for p in self.eval_problems]
@@ -322,7 +328,8 @@ class RLTrainer:
             "accuracy": summary["accuracy"],
             "correct_and_valid": summary["correct_and_valid"],
             "mean_format_score": summary["mean_format_score"],
-            "parallel_rate": sum(g.parallel_taken for g in gens) / len(gens),
+            "parallel_rate": sum(self._is_parallel(g.text) for g in gens) / len(gens),
+            "engine_fork_rate": sum(g.parallel_taken for g in gens) / len(gens),
             "response_length_mean": float(np.mean([len(g.token_ids) for g in gens])),
             "n": summary["n"],
             "wall_s": round(wall, 3),
@@ -376,6 +383,7 @@ class RLTrainer:
             "rollout/format_valid": c["rollouts_valid"] / n,
             "rollout/correct_and_valid": c["rollouts_correct_and_valid"] / n,
             "rollout/parallel_rate": c["rollouts_parallel"] / n,
+            "rollout/engine_fork_rate": c["rollouts_forked"] / n,
             "rollout/structurally_rejected": float(c["structurally_rejected"]),
             "rollout/groups_emptied_by_filter": float(c["groups_emptied"]),
             "train/num_gen_batches": float(ds.num_gen_batches),
