@@ -82,9 +82,9 @@ def stage1_reward(j: Judgement, cfg: GradingConfig) -> RewardResult:
     if j.empty:
         return _result(j, values.empty)
     if not j.valid:
-        # The paper's rule: the penalty itself (so a nearly-right format can out-score a wrong answer,
-        # which is what pulls Stage 1 towards the format). Kept above the empty-response minimum.
-        return _result(j, max(values.empty, j.format_score))
+        # The paper's rule is the penalty itself (invalid_offset 0); see Stage1Reward.invalid_offset.
+        # Kept at or above the empty-response minimum.
+        return _result(j, max(values.empty, values.invalid_offset + j.format_score))
     return _result(j, values.correct if j.correct else values.wrong)
 
 

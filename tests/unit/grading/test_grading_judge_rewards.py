@@ -99,6 +99,18 @@ def test_stage1_values_come_from_config() -> None:
     assert [r.score for r in results] == [2.0, -0.5, -3.0]
 
 
+def test_stage1_invalid_offset_keeps_every_failure_below_every_pass() -> None:
+    cfg = GradingConfig.model_validate({"stage1": {"invalid_offset": -1.0}})
+    results = score_many(
+        "stage1", [VALID, VALID.replace("{5}", "{6}"), CONTENT_FAULTS, MALFORMED, PLAIN, ""], ["5"] * 6, cfg=cfg
+    )
+    # content faults -1.4 -> -2.4 clipped to the empty minimum -2; plain -1.5 -> -2
+    assert [r.score for r in results] == pytest.approx([1.0, -1.0, -2.0, -2.0, -2.0, -2.0])
+    assert max(r.score for r in results if not r.valid) < min(r.score for r in results if r.valid)
+    with pytest.raises(ValueError, match="invalid_offset"):
+        GradingConfig.model_validate({"stage1": {"invalid_offset": 0.5}})
+
+
 def test_stage3_filters_instead_of_scoring() -> None:
     cfg = GradingConfig()
     responses = [VALID, VALID.replace("{5}", "{6}"), CONTENT_FAULTS, MALFORMED, PLAIN, ""]
