@@ -88,3 +88,16 @@ def read_shards(directory: Path, stem: str = "part") -> list[dict[str, Any]]:
     if not paths:
         raise FileNotFoundError(f"no {stem}-*.jsonl shards in {directory}")
     return [rec for p in paths for rec in read_jsonl(p)]
+
+
+def prepare_work_dir(work: Path, fingerprint: str) -> bool:
+    """Keep ``work`` (checkpoints, partial shards) only if it was stamped with ``fingerprint``; otherwise
+    start it afresh. Returns True when an existing work dir is kept (the stage may resume from it)."""
+    work = Path(work)
+    stamp = work / "fingerprint.json"
+    keep = work.exists() and stamp.exists() and read_json(stamp).get("fingerprint") == fingerprint
+    if work.exists() and not keep:
+        shutil.rmtree(work)
+    work.mkdir(parents=True, exist_ok=True)
+    write_json(stamp, {"fingerprint": fingerprint})
+    return keep

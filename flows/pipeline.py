@@ -20,7 +20,7 @@ from prefect.runtime import flow_run
 
 from components.config import PipelineConfig
 from components.dag import load_stages, stage_order
-from flows.fingerprint import stage_fingerprint
+from components.fingerprint import stage_fingerprint
 from flows.stage import _dvc, ensure_profile, execute_stage
 
 NPR_STAGE_DEPLOYMENT = "npr-stage/npr-stage"

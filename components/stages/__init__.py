@@ -11,9 +11,10 @@ import platform
 import time
 from typing import Any
 
-from components.artifacts import write_json
+from components.artifacts import prepare_work_dir, write_json
 from components.config import PipelineConfig
 from components.dag import StageIO, stage_io
+from components.fingerprint import work_fingerprint
 from components.prompts import prompt_fingerprint
 
 
@@ -38,9 +39,17 @@ def run_stage(name: str, cfg: PipelineConfig, io: StageIO | None = None) -> dict
     io = io or stage_io(name)
     module = stage_module(name)
     apply_run_settings(cfg)
+    # Resumable stages keep checkpoints in artifacts/<stage>/work; it is reset when the stage's code,
+    # params or inputs changed, so a rerun never resumes from a checkpoint of a different run.
+    resumed_work = None
+    if io.outputs:
+        work = next(iter(io.outputs.values())).parent / "work"
+        resumed_work = prepare_work_dir(work, work_fingerprint(name, cfg))
     start = time.perf_counter()
     metrics = dict(module.run(cfg, io) or {})
     metrics["wall_time_s"] = round(time.perf_counter() - start, 3)
+    if resumed_work is not None:
+        metrics["work_dir_kept"] = resumed_work
     metrics["provenance"] = {
         "stage": name,
         "profile": cfg.profile,

@@ -7,16 +7,13 @@ the paper). Each response is judged with ``components.grading.judge_many``.
 
 Resumable: problems are decoded in chunks of ``generation.batch_size // k`` problems; each finished chunk
 is written to ``artifacts/distill/work/chunk-NNNNN.jsonl`` (atomically) and a rerun skips it. The work dir
-carries a fingerprint of everything that shapes the samples (config sections, prompt hash, model files);
-a different fingerprint clears it so stale samples are never mixed in.
+is stamped by ``components.stages.run_stage`` with the stage's code, params and input files; any change
+clears it so stale samples are never mixed in.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
-import shutil
 import sys
 import time
 from collections import Counter
@@ -25,45 +22,16 @@ from typing import Any
 
 from components.artifacts import (
     atomic_dir,
-    read_json,
     read_jsonl,
     read_shards,
-    write_json,
     write_jsonl,
     write_shards,
 )
 from components.config import PipelineConfig
 from components.dag import StageIO
-from components.prompts import prompt_fingerprint, render_prompt
+from components.prompts import render_prompt
 
 WORK_DIR_NAME = "work"
-
-
-def _model_fingerprint(model_dir: Path) -> list[tuple[str, int, int]]:
-    """Name, size and mtime of every model file: changes whenever the checkpoint is rewritten."""
-    return sorted(
-        (p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in model_dir.iterdir() if p.is_file()
-    )
-
-
-def work_fingerprint(cfg: PipelineConfig, model_dir: Path, problem_ids: list[str]) -> str:
-    payload = {
-        "sections": cfg.section_hash("distill", "grading", "models", "run"),
-        "schema": cfg.schema_name,
-        "prompt": prompt_fingerprint(cfg.prompts)["prompt_hash"],
-        "model": _model_fingerprint(model_dir),
-        "problems": hashlib.sha256("\n".join(problem_ids).encode()).hexdigest(),
-    }
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def prepare_work_dir(work: Path, fingerprint: str) -> None:
-    """Keep the work dir if it belongs to this exact run, else start it afresh."""
-    stamp = work / "fingerprint.json"
-    if work.exists() and (not stamp.exists() or read_json(stamp).get("fingerprint") != fingerprint):
-        shutil.rmtree(work)
-    work.mkdir(parents=True, exist_ok=True)
-    write_json(stamp, {"fingerprint": fingerprint})
 
 
 def load_problems(problems_dir: Path, n_problems: int | None) -> list[dict[str, Any]]:
@@ -115,7 +83,7 @@ def run(cfg: PipelineConfig, io: StageIO) -> dict[str, Any]:
     tags = TagIds.from_tokenizer(tokenizer, cfg.schema_name) if gen_cfg.mode == "parallel" else None
 
     work = out_dir.parent / WORK_DIR_NAME
-    prepare_work_dir(work, work_fingerprint(cfg, model_dir, [p["id"] for p in problems]))
+    work.mkdir(parents=True, exist_ok=True)  # stamped and reset on any change by components.stages.run_stage
     per_chunk = max(1, gen_cfg.batch_size // dcfg.k)
     n_chunks = math.ceil(len(problems) / per_chunk)
     resumed = generated_tokens = 0

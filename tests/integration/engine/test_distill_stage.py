@@ -9,7 +9,7 @@ from components.config import load_config
 from components.dag import StageIO
 from components.models.loading import save_model
 from components.models.tiny import tiny_test_world
-from components.stages import distill
+from components.stages import run_stage
 
 FIELDS = {
     "problem_id", "sample_idx", "problem", "answer", "prompt", "response", "n_tokens", "answer_pred",
@@ -55,7 +55,7 @@ def _setup(tmp_path: Path) -> tuple[StageIO, object]:
 
 def test_distill_writes_graded_trajectories_and_resumes(tmp_path: Path) -> None:
     io, cfg = _setup(tmp_path)
-    metrics = distill.run(cfg, io)
+    metrics = run_stage("distill", cfg, io)
     assert metrics["n_trajectories"] == 8 and metrics["chunks"] == 2 and metrics["chunks_resumed"] == 0
     assert metrics["tokens_per_s"] > 0 and sum(metrics["finish_reasons"].values()) == 8
     first = read_shards(io.output("trajectories"))
@@ -68,11 +68,11 @@ def test_distill_writes_graded_trajectories_and_resumes(tmp_path: Path) -> None:
     # Interrupted run: the second chunk never finished. A rerun redoes only it, with the same samples.
     work = io.output("trajectories").parent / "work"
     (work / "chunk-00001.jsonl").unlink()
-    metrics = distill.run(cfg, io)
+    metrics = run_stage("distill", cfg, io)
     assert metrics["chunks_resumed"] == 1 and metrics["generated_tokens_this_run"] > 0
     assert _without_timing(read_shards(io.output("trajectories"))) == _without_timing(first)
 
     # A changed config must not reuse stale samples.
     cfg.distill.generation.temperature = 0.0
-    metrics = distill.run(cfg, io)
+    metrics = run_stage("distill", cfg, io)
     assert metrics["chunks_resumed"] == 0

@@ -81,7 +81,7 @@ def test_server_deployments_worker_and_a_pipeline_run(
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from flows.fingerprint import stage_fingerprint
+    from components.fingerprint import stage_fingerprint
 
     started = time.monotonic()
     root = _copy_repo(tmp_path / "repo")

@@ -10,7 +10,7 @@ import yaml
 
 from components.config import load_config
 from components.dag import DagError, load_stages, stage_io, stage_order
-from flows.fingerprint import _param_value, stage_fingerprint
+from components.fingerprint import _param_value, stage_fingerprint
 
 
 def test_every_stage_is_the_cli_on_its_own_module(in_repo: Path) -> None:

@@ -1,7 +1,9 @@
-"""Stage fingerprints: a hash of a stage's own code and params, used as the Prefect task version.
+"""Stage fingerprints.
 
-DVC still decides staleness (it also sees data); the fingerprint makes a task run's version say exactly
-which code and which params produced it.
+``stage_fingerprint``: a hash of a stage's own code and params — the Prefect task version, so a task run
+says exactly which code and params produced it (DVC still decides staleness; it also sees data).
+``work_fingerprint``: that plus the stage's input files — stamped on ``artifacts/<stage>/work`` so a stage
+resumes from its checkpoints only when nothing it depends on changed (a stale checkpoint is never resumed).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from components.config import PipelineConfig
-from components.dag import ARTIFACTS, StageSpec
+from components.dag import ARTIFACTS, StageSpec, load_stages
 
 _SKIP_PARTS = {"__pycache__", ".pytest_cache"}
 
@@ -48,3 +50,21 @@ def stage_fingerprint(spec: StageSpec, cfg: PipelineConfig) -> str:
     params = {key: _param_value(data, key) for key in spec.params}
     h.update(json.dumps(params, sort_keys=True).encode())
     return h.hexdigest()[:16]
+
+
+def inputs_listing(paths: list[Path]) -> list[tuple[str, int, int]]:
+    """(path, size, mtime_ns) of every file under the given inputs: changes whenever one is rewritten."""
+    out = []
+    for root in paths:
+        for f in _code_files(str(root)):
+            st = f.stat()
+            out.append((str(f), st.st_size, st.st_mtime_ns))
+    return sorted(out)
+
+
+def work_fingerprint(stage: str, cfg: PipelineConfig) -> str:
+    """Code + params + input files of ``stage``: what a resumable stage's work dir must match."""
+    spec = load_stages()[stage]
+    inputs = [Path(d) for d in spec.deps if Path(d).parts[0] in (ARTIFACTS, "data")]
+    payload = {"stage": stage_fingerprint(spec, cfg), "inputs": inputs_listing(inputs)}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
