@@ -105,7 +105,7 @@ def gate_against_references(
         cfg.nightly,
         records=result.records.get(checkpoint),
         last_green=load_last_green(cfg.nightly.state_file),
-        seed=cfg.evaluate.seed,
+        seed=cfg.evaluate.generation.seed,
     )
 
 
@@ -115,7 +115,6 @@ def log_to_wandb(
     """Log the night's metrics and verdict (offline unless a key is set); ``run.alert`` (Slack/email per
     the W&B project's settings) on a FAIL or WARN, only when W&B is online. Returns whether it alerted."""
     import wandb
-
     from components.tracking import resolve_mode, stage_run
 
     with stage_run(cfg, "nightly-eval", run_dir) as run:

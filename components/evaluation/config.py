@@ -11,6 +11,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from components.engine.config import GenerationConfig
 from components.settings import StrictModel
 
 
@@ -40,24 +41,8 @@ class EvaluateConfig(StrictModel):
     parallel_checkpoints: list[str] = ["parallel_warmup", "papo_rl"]
     benchmarks: list[BenchmarkSpec] = []
     benchmark_dir: str = "data/benchmarks"
-    # Sampling settings: every field of the engine's GenerationConfig except ``mode`` (set per checkpoint);
-    # a test keeps the two in step. They are what a baseline file pins.
-    temperature: float = Field(1.0, ge=0)
-    top_p: float = Field(0.7, gt=0, le=1)
-    top_k: int = Field(-1, ge=-1)
-    max_new_tokens: int = Field(30000, ge=1)
-    max_branches: int = Field(5, ge=1)
-    max_depth: int = Field(1, ge=1)
-    step_repetition_penalty: float = Field(1.02, gt=0)
-    min_step_tokens: int = Field(1, ge=1)
-    max_step_tokens: int | None = Field(None, ge=2)
-    kv_budget_tokens: int | None = Field(None, ge=1)
-    batch_size: int = Field(64, ge=1)
-    seed: int = Field(0, ge=0)
-    backend: Literal["torch", "sglang"] = "torch"
-    # sglang backend only (deployment, not sampling: not pinned in baselines).
-    server_url: str = "http://127.0.0.1:30000"
-    request_timeout_s: float = Field(600.0, gt=0)
+    # The engine's own sampling settings (pinned in baseline files); `mode` is chosen per checkpoint.
+    generation: GenerationConfig = GenerationConfig(top_p=0.7)
     # Instruction a checkpoint is prompted with (the paper prompts its models with the NPR format), and
     # per-checkpoint exceptions for checkpoints trained on the other instruction.
     prompt_style: Literal["parallel", "sequential"] = "parallel"

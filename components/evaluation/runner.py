@@ -53,10 +53,7 @@ class EvalResult:
 
 def generation_config(ecfg: EvaluateConfig, mode: Mode) -> Any:
     """The engine's GenerationConfig from the evaluate section's sampling settings and a mode."""
-    from components.engine import GenerationConfig
-
-    shared = {name: getattr(ecfg, name) for name in GenerationConfig.model_fields if name != "mode"}
-    return GenerationConfig(mode=mode, **shared)
+    return ecfg.generation.model_copy(update={"mode": mode})
 
 
 def sampling_settings(ecfg: EvaluateConfig) -> dict[str, Any]:
@@ -64,12 +61,12 @@ def sampling_settings(ecfg: EvaluateConfig) -> dict[str, Any]:
     from components.engine import GenerationConfig
 
     keys = [k for k in GenerationConfig.model_fields if k not in DEPLOYMENT_SETTINGS]
-    return {k: getattr(ecfg, k) for k in keys}
+    return {k: getattr(ecfg.generation, k) for k in keys}
 
 
 def engine_version(ecfg: EvaluateConfig) -> dict[str, str]:
     """Versions of what decodes: this package, torch, transformers, and the backend name."""
-    out = {"backend": ecfg.backend}
+    out = {"backend": ecfg.generation.backend}
     for dist in ("npr-pipeline", "torch", "transformers"):
         try:
             out[dist] = version(dist)

@@ -17,12 +17,11 @@ from components.evaluation.runner import generation_config, sampling_settings
 from components.stages.evaluate import stage_outputs
 
 
-def test_every_engine_sampling_field_is_an_evaluate_setting() -> None:
-    missing = set(GenerationConfig.model_fields) - {"mode"} - set(EvaluateConfig.model_fields)
-    assert not missing, f"evaluate lacks engine settings {missing}; add them so baselines pin them"
-    ecfg = EvaluateConfig(temperature=0.5, top_k=7, max_new_tokens=33)
+def test_sampling_settings_are_the_engine_config() -> None:
+    ecfg = EvaluateConfig(generation=GenerationConfig(temperature=0.5, top_k=7, max_new_tokens=33))
     gen = generation_config(ecfg, "parallel")
     assert (gen.mode, gen.temperature, gen.top_k, gen.max_new_tokens) == ("parallel", 0.5, 7, 33)
+    assert generation_config(ecfg, "sequential").mode == "sequential" and ecfg.generation.mode == "sequential"
     pinned = sampling_settings(ecfg)
     assert pinned["temperature"] == 0.5 and pinned["top_k"] == 7
     assert not {"batch_size", "mode", "server_url"} & set(pinned)
