@@ -1,0 +1,85 @@
+"""End to end: a fresh clone runs every stage of the tiny profile through Prefect and DVC.
+
+The stages run for real (same code, same files, same checks) with smaller budgets than `make run` so the
+suite stays within CI time: the full-size run and its learning targets are `make run`'s job (its metrics
+are reported per stage). After the run, `dvc repro` must find nothing to do, and changing one stage's
+param must make exactly that stage and the stages after it stale.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+BIN = Path(sys.executable).parent
+# Smaller budgets, same stages. The seed sees more parallel samples so that a short run still yields
+# accepted trajectories for the warmup stages (an empty accepted set is a loud failure, by design).
+SMALL = [
+    "sample_orz.n=600", "sample_orz.test_n=40", "sample_orz.synthetic_pool=2000",
+    "seed.steps=150", "seed.batch_size=32", "seed.parallel_fraction=0.6", "seed.eval_n=40",
+    "models.tiny.tokenizer_corpus_size=4000",
+    "npr_zero.steps=3", "npr_zero.eval_n=40", "npr_zero.eval_every=3", "npr_zero.save_every=3",
+    "distill.n_problems=300", "distill.k=4",
+    "reject_filter.min_acceptance_rate=0.0",
+    "parallel_warmup.epochs=1", "sequential_warmup.epochs=1",
+    "papo_rl.steps=2", "papo_rl.eval_n=40", "papo_rl.eval_every=2", "papo_rl.save_every=2",
+    "sr_rl.steps=2", "sr_rl.eval_n=40", "sr_rl.eval_every=2", "sr_rl.save_every=2",
+]
+
+
+def _run(cmd: list[str], cwd: Path, timeout: int = 1800) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", PREFECT_HOME=str(cwd / ".prefect"))
+    proc = subprocess.run(cmd, cwd=cwd, env=env, text=True, capture_output=True, timeout=timeout, check=False)
+    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    return proc
+
+
+def _stale(repo: Path) -> set[str]:
+    out = _run([str(BIN / "dvc"), "status", "--json"], repo).stdout
+    return {name.split(":")[-1] for name in json.loads(out or "{}")}
+
+
+@pytest.fixture(scope="module")
+def clone(tmp_path_factory: pytest.TempPathFactory, repo_root: Path) -> Path:
+    repo = tmp_path_factory.mktemp("e2e") / "repo"
+    _run(["git", "clone", "-q", str(repo_root), str(repo)], repo_root)
+    yield repo
+    shutil.rmtree(repo, ignore_errors=True)
+
+
+def test_tiny_pipeline_end_to_end(clone: Path) -> None:
+    _run([str(BIN / "npr"), "data", "fetch"], clone)
+    overrides = [a for o in SMALL for a in ("--set", o)]
+    proc = _run([str(BIN / "npr"), "run", "--profile", "tiny", *overrides], clone, timeout=2400)
+    stages = list(yaml.safe_load((clone / "dvc.yaml").read_text())["stages"])
+    for name in stages:
+        assert (clone / "artifacts" / name / "metrics.json").exists(), f"{name} wrote no metrics"
+    assert f"Task run 'stage-{stages[-1]}" in proc.stdout + proc.stderr
+    assert "report: artifacts/evaluate/report/report.md" in proc.stdout
+    report = (clone / "artifacts/evaluate/report/report.md").read_text()
+    assert "papo_rl" in report and "tiny_test" in report
+
+    # nothing to do the second time
+    assert _stale(clone) == set()
+    rerun = _run([str(BIN / "dvc"), "repro"], clone)
+    assert "Running stage" not in rerun.stdout
+
+    # one param changed: that stage and everything downstream of it, nothing upstream
+    params = yaml.safe_load((clone / "params.yaml").read_text())
+    params["distill"]["k"] = 3
+    (clone / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    assert _stale(clone) == {
+        "distill", "reject_filter", "parallel_warmup", "sequential_warmup", "papo_rl", "sr_rl", "evaluate"
+    }
+
+    # every stage's outputs reached the default (local) remote
+    assert json.loads((clone / ".dvc/tmp/npr-unpushed.json").read_text())["unpushed"] == {}
