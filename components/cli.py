@@ -119,7 +119,23 @@ def data_fetch(
         summary = fetch_data(cfg, dest=dest, source=from_)
     except (FileNotFoundError, ValueError, ConnectionError) as err:
         _fail(str(err), 1)
+    summary["dvc"] = _track_with_dvc(dest)
     typer.echo(json.dumps(summary, indent=2))
+
+
+def _track_with_dvc(dest: Path) -> str:
+    """`dvc add` the fetched directory: same content -> data.dvc unchanged, now also in the DVC cache (so
+    `dvc status` is clean and `dvc push` can send it); new content -> data.dvc updated, to commit."""
+    import subprocess
+
+    if not Path(".dvc").is_dir() or not Path(f"{dest}.dvc").exists():
+        return "not tracked (no .dvc directory or no data.dvc here)"
+    before = Path(f"{dest}.dvc").read_text()
+    dvc = Path(sys.executable).with_name("dvc")
+    proc = subprocess.run([str(dvc), "add", "-q", str(dest)], capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        _fail(f"dvc add {dest} failed:\n{proc.stderr or proc.stdout}", 1)
+    return "unchanged" if Path(f"{dest}.dvc").read_text() == before else f"updated {dest}.dvc (commit it)"
 
 
 @app.command("grade")

@@ -23,6 +23,11 @@ def module_wandb_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture()
 def wandb_dir(module_wandb_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    import wandb
+
+    # Another test of the same process may have started W&B with another root: reset its singleton so
+    # this WANDB_DIR is read again.
+    wandb.teardown()
     monkeypatch.setenv("WANDB_DIR", str(module_wandb_dir))
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv(PIPELINE_RUN_ENV, "run-test-1")
