@@ -115,6 +115,7 @@ def log_to_wandb(
     """Log the night's metrics and verdict (offline unless a key is set); ``run.alert`` (Slack/email per
     the W&B project's settings) on a FAIL or WARN, only when W&B is online. Returns whether it alerted."""
     import wandb
+
     from components.tracking import resolve_mode, stage_run
 
     with stage_run(cfg, "nightly-eval", run_dir) as run:
