@@ -89,6 +89,10 @@ class RLStageConfig(StrictModel):
     clip_ratio_high: float = Field(0.28, ge=0)
     clip_ratio_c: float = Field(10.0, gt=1)
     loss_agg_mode: Literal["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
+    # DAPO/GRPO only (verl's algorithm.norm_adv_by_std_in_grpo): divide group-centred rewards by the group's
+    # std. Off (Dr. GRPO) keeps the advantage proportional to the reward gap, so a format-only difference
+    # (valid-but-wrong vs invalid) is not inflated to the size of a correctness difference.
+    norm_adv_by_std: bool = True
     dynamic_sampling: bool = True
     max_gen_batches: int = Field(10, ge=0)
     overlong_buffer_len: int = Field(0, ge=0)

@@ -241,7 +241,9 @@ class RLTrainer:
         uids = [r.group_id for r in rollouts]
         parallel_tags = self.tags if self.sc.engine_mode == "parallel" else None
         full = build_policy_batch(rollouts, self.pad_id, parallel_tags)
-        advantages = compute_advantages(self.sc.algorithm, rewards, full.response_mask, uids)
+        advantages = compute_advantages(
+            self.sc.algorithm, rewards, full.response_mask, uids, self.sc.norm_adv_by_std
+        )
 
         chunks = [
             c

@@ -66,7 +66,11 @@ def outcome_token_rewards(rewards: torch.Tensor, response_mask: torch.Tensor) ->
 
 
 def compute_advantages(
-    algorithm: str, rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: list[str]
+    algorithm: str,
+    rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    group_ids: list[str],
+    norm_adv_by_std: bool = True,
 ) -> torch.Tensor:
     """``(bs, R)`` advantages from verl's registered estimator for ``algorithm``.
 
@@ -74,13 +78,21 @@ def compute_advantages(
         rewards: ``(bs,)`` sequence rewards.
         response_mask: ``(bs, R)`` float or bool mask of response tokens.
         group_ids: ``bs`` prompt uids (responses to one prompt share one).
+        norm_adv_by_std: verl's ``norm_adv_by_std_in_grpo`` (GRPO/DAPO only; PAPO always normalises by
+            the batch std, which is its definition).
     """
     estimator, _ = verl_names(algorithm)
     mask = response_mask.to(torch.float32)
+    kwargs: dict[str, Any] = {}
+    if estimator == DAPO_ADV_ESTIMATOR:
+        kwargs["norm_adv_by_std_in_grpo"] = norm_adv_by_std
+    elif not norm_adv_by_std:
+        raise ValueError(f"norm_adv_by_std=False is a GRPO/DAPO option; {algorithm!r} defines its own scaling")
     advantages, _ = get_adv_estimator_fn(estimator)(
         token_level_rewards=outcome_token_rewards(rewards, mask),
         response_mask=mask,
         index=np.array(group_ids, dtype=object),
+        **kwargs,
     )
     return advantages
 

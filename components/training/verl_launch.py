@@ -84,6 +84,7 @@ def build_overrides(stage: str, stage_cfg: Any, inputs: VerlRunInputs, project: 
         # algorithm
         ("algorithm.adv_estimator", adv_estimator),
         ("algorithm.use_kl_in_reward", False),
+        ("algorithm.norm_adv_by_std_in_grpo", stage_cfg.norm_adv_by_std),
         ("algorithm.filter_groups.enable", filter_groups),
         ("algorithm.filter_groups.metric", "reward"),
         ("algorithm.filter_groups.max_num_gen_batches", stage_cfg.max_gen_batches),

@@ -43,3 +43,27 @@ def test_trainer_logprobs_equal_engine_logprobs(attn: str) -> None:
         log_prob, _ = response_log_probs(model, batch)
     for b, lp in enumerate(engine_lps):
         assert (log_prob[b, : len(lp)] - lp).abs().max().item() <= 1e-4
+
+
+def test_sequential_rollouts_padded_together_keep_the_engine_logprobs() -> None:
+    # NPR-Zero / SR: prompts of different lengths are right-padded into one causal batch; every response
+    # token (and the stop token) must get the log-prob the engine sampled it with
+    model, tok = tiny_test_world(seed=0)
+    questions = ["2+3?", "Compute (7 + 3) + (5 - 8), please.", "1?"]
+    prompts = [
+        tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
+        for q in questions * 3
+    ]
+    cfg = GenerationConfig(mode="sequential", max_new_tokens=24, temperature=1.0, batch_size=9, seed=5)
+    gens = generate(model, tok, prompts, cfg)
+    rollouts, engine_lps = [], []
+    for g in gens:
+        stop = [g.stop_token_id] if g.stop_token_id is not None else []
+        rollouts.append(Rollout("g", "p", "0", g.prompt_ids, g.token_ids + stop, g.text, g.finish_reason, False))
+        engine_lps.append(torch.tensor(g.logprobs + ([g.stop_logprob] if stop else [])))
+    assert len({len(r.prompt_ids) for r in rollouts}) == 3
+    batch = build_policy_batch(rollouts, pad_id=tok.pad_token_id)
+    with torch.no_grad():
+        log_prob, _ = response_log_probs(model, batch)
+    for b, lp in enumerate(engine_lps):
+        assert (log_prob[b, : len(lp)] - lp).abs().max().item() <= 1e-4

@@ -48,6 +48,19 @@ def test_dapo_advantage_is_verl_grpo():
     torch.testing.assert_close(adv[:, 0], torch.tensor([0.70710, -0.70710, 0.0, 0.0]), atol=1e-4, rtol=0)
 
 
+def test_dapo_advantage_without_std_is_the_group_centred_reward():
+    # Dr. GRPO (verl norm_adv_by_std_in_grpo=False): one valid-but-wrong (-1) among invalid (-1.5) rollouts
+    # keeps its small reward gap instead of being inflated to a correctness-sized advantage
+    rewards = torch.tensor([-1.0, -1.5, -1.5, -1.5, 1.0, -1.0])
+    groups = ["a"] * 4 + ["b"] * 2
+    plain = compute_advantages("dapo", rewards, torch.ones(6, 2), groups, norm_adv_by_std=False)[:, 0]
+    torch.testing.assert_close(plain, torch.tensor([0.375, -0.125, -0.125, -0.125, 1.0, -1.0]))
+    scaled = compute_advantages("dapo", rewards, torch.ones(6, 2), groups)[:, 0]
+    assert scaled[0].item() == pytest.approx(1.5, abs=1e-3)  # 0.375 / std(0.25 unbiased) = 1.5
+    with pytest.raises(ValueError, match="GRPO/DAPO option"):
+        compute_advantages("papo", rewards, torch.ones(6, 2), groups, norm_adv_by_std=False)
+
+
 def test_overlong_penalty_is_verls_ramp():
     lengths = torch.tensor([10, 90, 95, 100])
     pen = overlong_penalty(lengths, max_response_length=100, buffer_len=10, penalty_factor=1.0)
