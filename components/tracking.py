@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -96,6 +96,19 @@ class StageRun:
         artifact = wandb.Artifact(_artifact_name(name), type=type, metadata={"uri": uri, **(metadata or {})})
         artifact.add_reference(uri, name=name.rsplit("/", 1)[-1], checksum=False)
         return self.run.log_artifact(artifact)
+
+
+def step_logger(run: StageRun, every: int = 1) -> Callable[[int, dict[str, Any]], None]:
+    """An ``on_step(step, record)`` callback (as ``train_sft`` takes) that logs every ``every``-th step's
+    scalars, and step 1, to ``run`` at that step."""
+    if every < 1:
+        raise ValueError(f"every must be >= 1, got {every}")
+
+    def on_step(step: int, record: dict[str, Any]) -> None:
+        if step == 1 or step % every == 0:
+            run.log({k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "step"}, step=step)
+
+    return on_step
 
 
 def _artifact_name(name: str) -> str:

@@ -32,6 +32,7 @@ def run_warmup(cfg: PipelineConfig, io: StageIO, section: SFTStageConfig) -> dic
     from components.models.loading import load_model, save_model
     from components.models.tags import add_tag_tokens
     from components.parallel import TagIds
+    from components.tracking import stage_run, step_logger
     from components.training.sft import EpochSource, SFTSettings, train_sft
     from components.training.sft_data import prepare_examples
 
@@ -60,15 +61,18 @@ def run_warmup(cfg: PipelineConfig, io: StageIO, section: SFTStageConfig) -> dic
     settings = SFTSettings.from_stage_config(section, len(data.examples))
     tags = TagIds.from_tokenizer(tokenizer, cfg.schema_name) if section.mode == "parallel" else None
     source = EpochSource(data.examples, settings.examples_per_step, section.seed)
-    result = train_sft(
-        model,
-        source,
-        settings,
-        work,
-        pad_id=tokenizer.pad_token_id,
-        tags=tags,
-        metrics_path=work / "train_metrics.json",
-    )
+    with stage_run(cfg, io.stage, work) as tracker:  # one W&B run per stage, resumed with the stage
+        result = train_sft(
+            model,
+            source,
+            settings,
+            work,
+            pad_id=tokenizer.pad_token_id,
+            tags=tags,
+            metrics_path=work / "train_metrics.json",
+            on_step=step_logger(tracker),
+        )
+        tracker.summary({k: v for k, v in result.summary().items() if isinstance(v, (int, float))})
     with atomic_dir(io.output("model")) as tmp:
         save_model(model, tokenizer, tmp)
     return {

@@ -104,6 +104,7 @@ def build_tiny_seed(cfg: PipelineConfig, io: StageIO) -> dict[str, Any]:
     from components.data.problems import load_problems
     from components.models.loading import save_model
     from components.models.tiny import build_tiny_model, train_tokenizer
+    from components.tracking import stage_run, step_logger
     from components.training.sft import SFTSettings, train_sft
 
     if cfg.models.tiny is None:
@@ -140,14 +141,17 @@ def build_tiny_seed(cfg: PipelineConfig, io: StageIO) -> dict[str, Any]:
             seed=cfg.run.seed,
         )
         source = SeedSource(cfg, tokenizer, held_out)
-        result = train_sft(
-            model,
-            source,
-            settings,
-            work,
-            pad_id=tokenizer.pad_token_id,
-            metrics_path=work / "train_metrics.json",
-        )
+        with stage_run(cfg, io.stage, work) as tracker:  # one W&B run per stage, resumed with the stage
+            result = train_sft(
+                model,
+                source,
+                settings,
+                work,
+                pad_id=tokenizer.pad_token_id,
+                metrics_path=work / "train_metrics.json",
+                on_step=step_logger(tracker),
+            )
+            tracker.summary({k: v for k, v in result.summary().items() if isinstance(v, (int, float))})
         metrics.update(result.summary())
         metrics["skipped_held_out_problems"] = source.skipped_held_out
         if result.wall_time_s > 0 and result.final_step > result.start_step:

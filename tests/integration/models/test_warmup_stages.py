@@ -83,3 +83,45 @@ def test_warmup_stage_trains_saves_and_reports(stage_env, stage):
 
     again = module.run(cfg, _io(stage_env, stage))  # rerun: resumes from the final checkpoint, trains nothing
     assert again["resumed_from_step"] == 3 and again["steps"] == 3
+
+
+class _RecordingRun:
+    def __init__(self) -> None:
+        self.logged: list[tuple[int | None, dict]] = []
+        self.summaries: list[dict] = []
+
+    def log(self, metrics: dict, step: int | None = None) -> None:
+        self.logged.append((step, metrics))
+
+    def summary(self, values: dict) -> None:
+        self.summaries.append(values)
+
+
+def test_warmup_sends_its_training_curve_to_the_stage_run(stage_env, tmp_path, monkeypatch):
+    # the W&B side of stage_run is tested against the real service in tests/integration/ops; here: the SFT
+    # stage opens its own run and logs every optimizer step with the recipe's scalars
+    from contextlib import contextmanager
+
+    import components.tracking as tracking
+
+    opened: list[tuple[str, object]] = []
+    run = _RecordingRun()
+
+    @contextmanager
+    def fake_stage_run(cfg, stage, run_dir):
+        opened.append((stage, run_dir))
+        yield run
+
+    monkeypatch.setattr(tracking, "stage_run", fake_stage_run)
+    stage = "sequential_warmup"
+    overrides = [f"{stage}.max_steps=4", f"{stage}.batch_size=4", f"{stage}.lr=1e-3"]
+    cfg = load_config(profile="tiny", overrides=overrides)
+    io = _io(stage_env, stage)
+    io.outputs = {"model": tmp_path / stage / "model"}
+    sequential_warmup.run(cfg, io)
+
+    assert opened == [(stage, tmp_path / stage / "work")]
+    assert [step for step, _ in run.logged] == [1, 2, 3, 4]
+    first = run.logged[0][1]
+    assert {"loss", "lr", "grad_norm", "loss_tokens", "step_time_s"} <= set(first) and "step" not in first
+    assert run.summaries and run.summaries[-1]["steps"] == 4
