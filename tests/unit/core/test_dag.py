@@ -79,3 +79,39 @@ def test_flow_runs_exactly_dvc_stages_in_order(in_repo: Path, monkeypatch: pytes
     dvc_names = list(yaml.safe_load(Path("dvc.yaml").read_text())["stages"])
     assert sorted(n.removeprefix("stage-") for n, _ in seen) == sorted(dvc_names)
     assert all(len(v) == 16 for _, v in seen)
+
+
+def test_code_deps_cover_every_module_a_stage_computes_with(in_repo: Path) -> None:
+    # a module a stage runs but does not depend on = a stale output DVC never reruns
+    from components.code_deps import stage_code_files, uncovered
+
+    for name, spec in load_stages().items():
+        files = stage_code_files(name)
+        assert f"components/stages/{name}.py" in files
+        assert uncovered(files, spec.deps) == [], f"{name}: dvc.yaml deps miss modules it imports"
+        # and no code dep is dead weight (a directory none of the stage's code lives in reruns it for nothing)
+        code_deps = [d for d in spec.deps if d.startswith("components")]
+        dead = [d for d in code_deps if not any(f == d or f.startswith(d.rstrip("/") + "/") for f in files)]
+        assert dead == [], f"{name}: deps on code it never imports: {dead}"
+
+
+def test_code_closure_follows_lazy_imports_and_stops_at_plumbing(tmp_path: Path) -> None:
+    from components.code_deps import stage_code_files
+
+    pkg = tmp_path / "components"
+    (pkg / "stages").mkdir(parents=True)
+    (pkg / "lib").mkdir()
+    for init in (pkg / "__init__.py", pkg / "stages" / "__init__.py", pkg / "lib" / "__init__.py"):
+        init.write_text("")
+    (pkg / "config.py").write_text("import components.lib.everything\n")  # plumbing: not followed
+    (pkg / "lib" / "everything.py").write_text("")
+    (pkg / "lib" / "math.py").write_text("from components.lib import helper\n")
+    (pkg / "lib" / "helper.py").write_text("")
+    (pkg / "stages" / "toy.py").write_text(
+        "from components.config import X\n\ndef run():\n    from components.lib.math import f\n"
+    )
+    assert stage_code_files("toy", tmp_path) == [
+        "components/lib/helper.py",
+        "components/lib/math.py",
+        "components/stages/toy.py",
+    ]
