@@ -64,11 +64,21 @@ def stage(name: str, set_: SetOpt = None) -> None:
     from components.stages import run_stage
 
     cfg = _load(None, set_)
+    # A stage configured for several processes (FSDP SFT) reruns this very command under torchrun.
+    import os
+
+    from components.training.distributed import is_main_process, torchrun_argv
+
+    this = sys.argv[0] if os.access(sys.argv[0], os.X_OK) else "npr"  # the npr script, as invoked
+    relaunch = torchrun_argv(getattr(getattr(cfg, name, None), "nproc_per_node", 1), [this, *sys.argv[1:]])
+    if relaunch is not None:
+        os.execvp(relaunch[0], relaunch)
     try:
         metrics = run_stage(name, cfg)
     except (DagError, ValueError) as err:
         _fail(f"stage {name} failed: {err}", 1)
-    typer.echo(json.dumps({k: v for k, v in metrics.items() if k != "provenance"}, indent=2, default=str))
+    if is_main_process():
+        typer.echo(json.dumps({k: v for k, v in metrics.items() if k != "provenance"}, indent=2, default=str))
 
 
 @app.command("run")

@@ -86,17 +86,20 @@ def load_model(
     return model, tokenizer
 
 
-def save_model(model: PreTrainedModel, tokenizer: Any, path: str | Path) -> Path:
+def save_model(
+    model: PreTrainedModel, tokenizer: Any, path: str | Path, state_dict: dict[str, Any] | None = None
+) -> Path:
     """Write model (safetensors), generation config and tokenizer to ``path``; returns the path.
 
     ``use_cache`` is restored to True in the saved config, so inference servers get their default.
+    ``state_dict``: the weights to write instead of the module's own (the gathered state of an FSDP model).
     """
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     use_cache = model.config.use_cache
     model.config.use_cache = True
     try:
-        model.save_pretrained(path)
+        model.save_pretrained(path, state_dict=state_dict)
     finally:
         model.config.use_cache = use_cache
     tokenizer.save_pretrained(path)

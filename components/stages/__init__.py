@@ -16,6 +16,7 @@ from components.config import PipelineConfig
 from components.dag import StageIO, stage_io
 from components.fingerprint import work_fingerprint
 from components.prompts import prompt_fingerprint
+from components.training.distributed import is_main_process
 
 
 def stage_module(name: str) -> Any:
@@ -42,7 +43,8 @@ def run_stage(name: str, cfg: PipelineConfig, io: StageIO | None = None) -> dict
     # Resumable stages keep checkpoints in artifacts/<stage>/work; it is reset when the stage's code,
     # params or inputs changed, so a rerun never resumes from a checkpoint of a different run.
     resumed_work = None
-    if io.outputs:
+    main = is_main_process()  # in a torchrun job only rank 0 prepares the work dir and writes metrics
+    if io.outputs and main:
         work = next(iter(io.outputs.values())).parent / "work"
         resumed_work = prepare_work_dir(work, work_fingerprint(name, cfg))
     start = time.perf_counter()
@@ -56,6 +58,6 @@ def run_stage(name: str, cfg: PipelineConfig, io: StageIO | None = None) -> dict
         "prompt": prompt_fingerprint(cfg.prompts),
         "python": platform.python_version(),
     }
-    if io.metrics is not None:
+    if io.metrics is not None and main:
         write_json(io.metrics, metrics)
     return metrics

@@ -10,6 +10,7 @@ counted in the metrics by reason.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -29,13 +30,15 @@ def run(cfg: PipelineConfig, io: StageIO) -> dict[str, Any]:
 
 def run_warmup(cfg: PipelineConfig, io: StageIO, section: SFTStageConfig) -> dict[str, Any]:
     """SFT ``<init_from>/model`` on the accepted trajectories per ``section``; writes ``io.output('model')``."""
-    from components.models.loading import load_model, save_model
+    from components.models.loading import load_model, resolve_device, save_model
     from components.models.tags import add_tag_tokens
     from components.parallel import TagIds
     from components.tracking import stage_run, step_logger
+    from components.training.distributed import DistContext, full_model_state
     from components.training.sft import EpochSource, SFTSettings, train_sft
     from components.training.sft_data import prepare_examples
 
+    ctx = DistContext.from_env(resolve_device(cfg.run))
     records = read_shards(io.input("reject_filter/accepted"))
     model, tokenizer = load_model(
         io.input(f"{section.init_from}/model"), cfg.models, cfg.run, for_training=True
@@ -51,8 +54,9 @@ def run_warmup(cfg: PipelineConfig, io: StageIO, section: SFTStageConfig) -> dic
         max_length=section.max_length,
     )
     work = Path(io.output("model")).parent / "work"
-    work.mkdir(parents=True, exist_ok=True)
-    write_jsonl(work / "rejections.jsonl", (asdict(r) for r in data.rejections))
+    if ctx.is_main:
+        work.mkdir(parents=True, exist_ok=True)
+        write_jsonl(work / "rejections.jsonl", (asdict(r) for r in data.rejections))
     if not data.examples:
         raise ValueError(
             f"no usable SFT example among {len(records)} accepted records: {data.summary()['rejected_by_reason']}"
@@ -61,7 +65,8 @@ def run_warmup(cfg: PipelineConfig, io: StageIO, section: SFTStageConfig) -> dic
     settings = SFTSettings.from_stage_config(section, len(data.examples))
     tags = TagIds.from_tokenizer(tokenizer, cfg.schema_name) if section.mode == "parallel" else None
     source = EpochSource(data.examples, settings.examples_per_step, section.seed)
-    with stage_run(cfg, io.stage, work) as tracker:  # one W&B run per stage, resumed with the stage
+    # one W&B run per stage (rank 0's), resumed with the stage
+    with stage_run(cfg, io.stage, work) if ctx.is_main else nullcontext() as tracker:
         result = train_sft(
             model,
             source,
@@ -70,11 +75,16 @@ def run_warmup(cfg: PipelineConfig, io: StageIO, section: SFTStageConfig) -> dic
             pad_id=tokenizer.pad_token_id,
             tags=tags,
             metrics_path=work / "train_metrics.json",
-            on_step=step_logger(tracker),
+            on_step=step_logger(tracker) if tracker is not None else None,
+            ctx=ctx,
         )
-        tracker.summary({k: v for k, v in result.summary().items() if isinstance(v, (int, float))})
-    with atomic_dir(io.output("model")) as tmp:
-        save_model(model, tokenizer, tmp)
+        if tracker is not None:
+            tracker.summary({k: v for k, v in result.summary().items() if isinstance(v, (int, float))})
+    # under FSDP the weights are gathered to rank 0 (a collective call), which alone writes the model
+    state = full_model_state(model) if ctx.active else None
+    if ctx.is_main:
+        with atomic_dir(io.output("model")) as tmp:
+            save_model(model, tokenizer, tmp, state_dict=state)
     return {
         "mode": section.mode,
         "init_from": section.init_from,

@@ -9,6 +9,11 @@ A checkpoint is a directory ``<work_dir>/checkpoint-<step:08d>/`` holding
 
 Each directory is written through ``components.artifacts.atomic_dir``, so a crash mid-save leaves the
 previous checkpoint as the newest complete one; only ``keep_last`` checkpoints are kept.
+
+Under FSDP (``components.training.distributed``, ``ctx.active``) saving and loading are collective: the
+unsharded weights and optimizer state are gathered to rank 0, which alone writes (same files; the
+optimizer state is keyed by parameter name, ``state.json`` says ``"optimizer_keys": "fqn"``); on resume
+rank 0 reads and broadcasts into the shards, so the number of processes may change between runs.
 """
 
 from __future__ import annotations
@@ -22,9 +27,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_model, save_model
+from safetensors.torch import load_file, load_model, save_file, save_model
 
 from components.artifacts import atomic_dir
+from components.training.distributed import DistContext
 
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d{8})$")
 FILES = ("model.safetensors", "optimizer.pt", "scheduler.pt", "rng.pt", "state.json")
@@ -64,18 +70,38 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer,
     scheduler: Any,
     keep_last: int = 2,
+    ctx: DistContext | None = None,
 ) -> Path:
-    """Write a complete checkpoint for ``state.step`` and prune older ones beyond ``keep_last``."""
+    """Write a complete checkpoint for ``state.step`` and prune older ones beyond ``keep_last``.
+
+    With an active ``ctx`` every rank must call it (the state is gathered); only rank 0 writes.
+    """
     dest = checkpoint_dir(work_dir, state.step)
+    sharded = ctx is not None and ctx.active
+    if sharded:
+        from components.training.distributed import full_state
+
+        model_state, optim_state = full_state(model, optimizer)
+        if not ctx.is_main:
+            return dest
     with atomic_dir(dest) as tmp:
-        save_model(model, str(tmp / "model.safetensors"))
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        if sharded:
+            save_file(_untied(model, model_state), str(tmp / "model.safetensors"))
+            torch.save(optim_state, tmp / "optimizer.pt")
+        else:
+            save_model(model, str(tmp / "model.safetensors"))
+            torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
         torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
         rng = {"torch": torch.get_rng_state()}
         if torch.cuda.is_available():
             rng["cuda"] = torch.cuda.get_rng_state_all()
         torch.save(rng, tmp / "rng.pt")
-        payload = {"step": state.step, "python_random": _python_state(), "extra": state.extra}
+        payload = {
+            "step": state.step,
+            "python_random": _python_state(),
+            "extra": state.extra,
+            "optimizer_keys": "fqn" if sharded else "index",
+        }
         (tmp / "state.json").write_text(json.dumps(payload, indent=1, sort_keys=True, default=str))
     for old in list_checkpoints(work_dir)[: -max(1, keep_last)]:
         shutil.rmtree(old, ignore_errors=True)
@@ -83,30 +109,80 @@ def save_checkpoint(
 
 
 def load_checkpoint(
-    path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any
+    path: Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    ctx: DistContext | None = None,
 ) -> TrainingState:
-    """Restore weights, optimizer, scheduler and RNG states in place; returns the saved TrainingState."""
+    """Restore weights, optimizer, scheduler and RNG states in place; returns the saved TrainingState.
+
+    With an active ``ctx`` every rank must call it: rank 0 reads, the states are broadcast into the shards.
+    """
     path = Path(path)
-    missing = [name for name in FILES if not (path / name).exists()]
+    on_disk = ctx is None or not ctx.active or ctx.is_main
+    missing = [name for name in FILES if on_disk and not (path / name).exists()]
     if missing:
         raise FileNotFoundError(f"checkpoint {path} is incomplete: missing {missing}")
-    device = next(model.parameters()).device
-    missing_keys, unexpected = load_model(
-        model, str(path / "model.safetensors"), strict=True, device=str(device)
-    )
-    if missing_keys or unexpected:
+    sharded = ctx is not None and ctx.active
+    # under FSDP only rank 0 reads files (other ranks may not share its disk); the rest is broadcast
+    payload = json.loads((path / "state.json").read_text()) if not sharded or ctx.is_main else None
+    if sharded:
+        payload = ctx.broadcast(payload)
+    keys = payload.get("optimizer_keys", "index")
+    if (keys == "fqn") != sharded:
+        written = "an FSDP (torchrun) run" if keys == "fqn" else "a single-process run"
         raise ValueError(
-            f"checkpoint {path} does not match the model: missing {missing_keys}, unexpected {unexpected}"
+            f"checkpoint {path} was written by {written}; resume it the same way "
+            f"(this process is {'FSDP' if sharded else 'single-process'})"
         )
-    optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location=device, weights_only=True))
-    scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
-    rng = torch.load(path / "rng.pt", weights_only=True)
+    if sharded:
+        from components.training.distributed import load_full_state
+
+        model_state, optim_state = {}, {}
+        if ctx.is_main:
+            model_state = _tied(model, load_file(str(path / "model.safetensors")))
+            optim_state = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True)
+        load_full_state(model, optimizer, model_state, optim_state)
+    else:
+        device = next(model.parameters()).device
+        missing_keys, unexpected = load_model(
+            model, str(path / "model.safetensors"), strict=True, device=str(device)
+        )
+        if missing_keys or unexpected:
+            raise ValueError(
+                f"checkpoint {path} does not match the model: missing {missing_keys}, unexpected {unexpected}"
+            )
+        optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location=device, weights_only=True))
+    sched_state = torch.load(path / "scheduler.pt", weights_only=True) if on_disk else None
+    scheduler.load_state_dict(ctx.broadcast(sched_state) if sharded else sched_state)
+    rng = torch.load(path / "rng.pt", weights_only=True) if on_disk else None
+    if sharded:
+        rng = ctx.broadcast(rng)
     torch.set_rng_state(rng["torch"])
     if "cuda" in rng and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(rng["cuda"])
-    payload = json.loads((path / "state.json").read_text())
     random.setstate(_python_state_from_json(payload["python_random"]))
     return TrainingState(step=int(payload["step"]), extra=payload.get("extra", {}))
+
+
+def _tied_head(model: torch.nn.Module) -> bool:
+    config = getattr(model, "config", None)
+    return bool(getattr(config, "tie_word_embeddings", False))
+
+
+def _untied(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The state without the tied output head (safetensors stores a shared tensor once, as save_model does)."""
+    out = {k: v.contiguous() for k, v in state.items()}
+    if _tied_head(model) and "lm_head.weight" in out:
+        out.pop("lm_head.weight")
+    return out
+
+
+def _tied(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    if _tied_head(model) and "lm_head.weight" not in state:
+        state = {**state, "lm_head.weight": state["model.embed_tokens.weight"]}
+    return state
 
 
 def _python_state() -> list[Any]:

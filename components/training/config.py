@@ -31,6 +31,9 @@ class SFTStageConfig(StrictModel):
     grad_clip: float = Field(1.0, gt=0)
     save_every: int = Field(1000, ge=1)
     seed: int = Field(521, ge=0)
+    # Processes (one per GPU) for FSDP; > 1 makes `npr stage` relaunch itself under torchrun
+    # (components.training.distributed). batch_size * grad_accum must be divisible by it.
+    nproc_per_node: int = Field(1, ge=1)
 
 
 class VerlSettings(StrictModel):

@@ -14,10 +14,10 @@ What a step does:
 On GPU the same code runs unchanged with ``run.device: cuda`` (or ``auto``) and ``run.dtype: bfloat16``:
 the model is loaded in bf16 with sdpa, which takes the bool mask directly (flash kernels do not accept an
 arbitrary mask, so sdpa picks its memory-efficient kernel). The loss is computed in float32 from the
-logits. The qwen3-4b profile (4B parameters, bf16 weights + fp32 AdamW states, ~64 GB) fits one 141 GB
-H200 for short sequences; multi-GPU FSDP (``accelerate launch --use_fsdp`` / ``torchrun``) would need the
-model and optimizer wrapped by ``accelerate`` and full-state-dict checkpoints, which this trainer does not
-do yet (it is a single-process loop).
+logits. Several GPUs: FSDP through ``torchrun`` (``nproc_per_node`` in the stage's config makes
+``npr stage`` relaunch itself; ``components.training.distributed``): every rank builds the same step, trains
+on its share, the loss stays the token mean of the whole step, and checkpoints are gathered to rank 0 in the
+single-process format. Two CPU ranks reproduce one process's weights to 1e-5 (tested, gloo backend).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from transformers import (
 
 from components.artifacts import write_json
 from components.training.checkpoint import TrainingState, latest_checkpoint, load_checkpoint, save_checkpoint
+from components.training.distributed import DistContext, shard_model
 from components.training.sft_data import Mode, SFTBatch, SFTExample, collate
 
 Scheduler = Literal["cosine", "constant", "linear"]
@@ -212,25 +213,35 @@ def train_sft(
     metrics_path: Path | None = None,
     on_step: Callable[[int, dict[str, float]], None] | None = None,
     show_progress: bool = True,
+    ctx: DistContext | None = None,
 ) -> SFTResult:
     """Run (or resume) SFT of ``model`` in place for ``settings.total_steps`` optimizer steps.
 
     Resumes from the newest checkpoint in ``work_dir`` when there is one. ``on_step(step, record)`` is
     called after every optimizer step (1-based step). ``tags`` (TagIds) is required in parallel mode.
+    With an active ``ctx`` (a ``torchrun`` job) the model is FSDP-sharded in place, each rank trains on its
+    share of every step, and only rank 0 writes files, shows progress and calls ``on_step``.
     """
     if settings.mode == "parallel" and tags is None:
         raise ValueError("parallel SFT needs the schema's TagIds")
+    ctx = ctx or DistContext()
+    if settings.examples_per_step % ctx.world_size:
+        raise ValueError(
+            f"{settings.examples_per_step} examples per step do not split over {ctx.world_size} processes"
+        )
     work_dir = Path(work_dir)
-    work_dir.mkdir(parents=True, exist_ok=True)
+    if ctx.is_main:
+        work_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(settings.seed)
+    shard_model(model, ctx)  # before the optimizer: FSDP replaces the parameters with sharded ones
     model.train()
     optimizer = build_optimizer(model, settings)
     scheduler = build_scheduler(optimizer, settings)
     history: list[dict[str, float]] = []
     step, train_tokens = 0, 0
-    resume = latest_checkpoint(work_dir)
+    resume = ctx.broadcast(latest_checkpoint(work_dir) if ctx.is_main else None)
     if resume is not None:
-        state = load_checkpoint(resume, model, optimizer, scheduler)
+        state = load_checkpoint(resume, model, optimizer, scheduler, ctx)
         step, history = state.step, list(state.extra.get("history", []))
         train_tokens = int(state.extra.get("train_tokens", 0))
     result = SFTResult(start_step=step, final_step=step, history=history, train_tokens=train_tokens)
@@ -241,19 +252,19 @@ def train_sft(
         MofNCompleteColumn(),
         TextColumn("loss {task.fields[loss]}"),
         TimeRemainingColumn(),
-        disable=not show_progress,
+        disable=not show_progress or not ctx.is_main,
     )
     with progress:
         task = progress.add_task("sft", total=settings.total_steps, completed=step, loss="-")
         while step < settings.total_steps:
             t0 = time.perf_counter()
-            record = _train_step(model, optimizer, scheduler, source(step), settings, pad_id, tags)
+            record = _train_step(model, optimizer, scheduler, source(step), settings, pad_id, tags, ctx)
             step += 1
             result.train_tokens += int(record["loss_tokens"])
             record.update(step=step, step_time_s=time.perf_counter() - t0)
             if step % settings.log_every == 0 or step == settings.total_steps or step == 1:
                 history.append(record)
-                if metrics_path is not None:
+                if metrics_path is not None and ctx.is_main:
                     write_json(metrics_path, {"settings": asdict(settings), "history": history})
             if step % settings.save_every == 0 or step == settings.total_steps:
                 extra = {"history": history, "train_tokens": result.train_tokens}
@@ -264,9 +275,10 @@ def train_sft(
                     optimizer,
                     scheduler,
                     keep_last=settings.keep_checkpoints,
+                    ctx=ctx,
                 )
             progress.update(task, completed=step, loss=f"{record['loss']:.4f}")
-            if on_step is not None:
+            if on_step is not None and ctx.is_main:
                 on_step(step, record)
     result.final_step = step
     result.wall_time_s = time.perf_counter() - start
@@ -282,29 +294,36 @@ def _train_step(
     settings: SFTSettings,
     pad_id: int,
     tags: Any,
+    ctx: DistContext | None = None,
 ) -> dict[str, float]:
+    ctx = ctx or DistContext()
     if len(examples) != settings.examples_per_step:
         raise ValueError(
             f"step source returned {len(examples)} examples, expected {settings.examples_per_step}"
         )
-    micro = [examples[i : i + settings.batch_size] for i in range(0, len(examples), settings.batch_size)]
+    local = ctx.shard(list(examples))  # equal shares, so every rank runs the same number of forwards
+    per_micro = max(1, settings.batch_size // ctx.world_size)
+    micro = [local[i : i + per_micro] for i in range(0, len(local), per_micro)]
     batches = [collate(chunk, settings.mode, pad_id, tags) for chunk in micro]
-    # Token-mean over the whole accumulated step: each micro-batch's sum is divided by the step's total.
-    n_total = sum(b.n_loss_tokens for b in batches)
+    # Token-mean over the whole accumulated step (all ranks): each micro-batch's sum is divided by the
+    # step's total. FSDP averages gradients over ranks, so the loss is scaled back up by the world size.
+    n_total = int(ctx.all_sum(sum(b.n_loss_tokens for b in batches)))
     loss_sum = 0.0
     for batch in batches:
         nll, _ = token_nll(model, batch)
-        (nll / n_total).backward()
+        (nll * ctx.world_size / n_total).backward()
         loss_sum += float(nll.detach())
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip)
+    if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP
+        grad_norm = grad_norm.full_tensor()
     lr = optimizer.param_groups[0]["lr"]
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     return {
-        "loss": loss_sum / n_total,
+        "loss": ctx.all_sum(loss_sum) / n_total,
         "lr": lr,
         "grad_norm": float(grad_norm),
         "loss_tokens": n_total,
-        "tokens": sum(b.n_tokens for b in batches),
+        "tokens": int(ctx.all_sum(sum(b.n_tokens for b in batches))),
     }

@@ -125,3 +125,37 @@ def test_warmup_sends_its_training_curve_to_the_stage_run(stage_env, tmp_path, m
     first = run.logged[0][1]
     assert {"loss", "lr", "grad_norm", "loss_tokens", "step_time_s"} <= set(first) and "step" not in first
     assert run.summaries and run.summaries[-1]["steps"] == 4
+
+
+@pytest.mark.slow
+def test_warmup_stage_under_torchrun_fsdp_writes_the_single_process_model(stage_env, tmp_path):
+    # the stage as `npr stage` runs it with nproc_per_node: 2 (what the 4B profile does on GPUs): two FSDP
+    # ranks on CPU; rank 0 alone writes a model that loads like any other and equals the 1-process result
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    worker = Path(__file__).with_name("warmup_fsdp_worker.py")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3]), "OMP_NUM_THREADS": "1"}
+    torchrun = str(Path(sys.executable).with_name("torchrun"))
+    runs = {
+        "one": [sys.executable, str(worker)],
+        "two": [torchrun, "--standalone", "--nproc_per_node=2", str(worker)],
+    }
+    for name, cmd in runs.items():
+        proc = subprocess.run(
+            [*cmd, str(stage_env), "parallel_warmup", str(tmp_path / name)],
+            env=env, capture_output=True, text=True, timeout=300, check=False,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    one = load_file(str(tmp_path / "one" / "model" / "model.safetensors"))
+    two = load_file(str(tmp_path / "two" / "model" / "model.safetensors"))
+    assert sorted(one) == sorted(two)
+    assert max((one[k] - two[k]).abs().max().item() for k in one) <= 1e-5
+    cfg = load_config(profile="tiny")
+    model, tokenizer = load_model(tmp_path / "two" / "model", cfg.models, cfg.run)
+    assert tokenizer.encode("</guideline>", add_special_tokens=False) == [tokenizer.convert_tokens_to_ids("</guideline>")]
+    assert not (tmp_path / "two" / "model.tmp").exists()
