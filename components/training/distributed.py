@@ -10,8 +10,9 @@ the step number) and takes examples ``rank::world_size`` of it; the loss is the 
 step on all ranks, so one N-rank step equals one single-process step (tested).
 
 Checkpoints stay in the single-process format: the full (unsharded) model and optimizer state is gathered
-to rank 0, which writes it; on resume rank 0 reads it and it is broadcast into the shards. A run can
-therefore resume with a different number of processes, and its final weights load anywhere.
+to rank 0, which writes it; on resume rank 0 reads it and it is broadcast into the shards. An FSDP run can
+therefore resume with a different number of processes (a single-process checkpoint keys its optimizer
+state by index and is refused with a clear error), and its final weights load anywhere.
 """
 
 from __future__ import annotations
