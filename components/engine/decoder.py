@@ -19,10 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers import DynamicCache
-
 from components.engine.config import GenerationConfig
 from components.engine.generation import BlockRecord, Generation
+from components.engine.kv_cache import growing_cache
 from components.engine.kv_layout import PAD, SHARED, SlotOwners
 from components.engine.ledger import TokenLedger
 from components.engine.parallel import Branch, EngineTags, OpenBlock, plan_fork
@@ -129,7 +128,9 @@ class Decoder:
                 raise ValueError("empty prompt: a prompt must have at least one token")
             if s.ledger.remaining == 0:
                 s.finish_reason = s.ledger.exhausted_reason
-        cache = DynamicCache(config=self.model.config)
+        # Room for the prompt and a whole sequential response; parallel blocks may grow it (doubling).
+        width = max((len(s.prompt_ids) for s in seqs), default=0)
+        cache = growing_cache(self.model, width + self.cfg.max_new_tokens + 1)
         live = [i for i, s in enumerate(seqs) if s.finish_reason is None]
         if live:
             owners, logits = self._prefill([seqs[i] for i in live], cache)
@@ -154,7 +155,7 @@ class Decoder:
         return [self._result(s, wall) for s in seqs]
 
     # ------------------------------------------------------------------ model calls
-    def _prefill(self, rows: list[_Sequence], cache: DynamicCache) -> tuple[SlotOwners, torch.Tensor]:
+    def _prefill(self, rows: list[_Sequence], cache: Any) -> tuple[SlotOwners, torch.Tensor]:
         """Left-padded prefill of all prompts; returns the owners and the last-position logits ``(B, V)``."""
         width = max(len(s.prompt_ids) for s in rows)
         ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
@@ -175,22 +176,24 @@ class Decoder:
         )
         return owners, out.logits[:, -1, :].float().cpu()
 
-    def _step(self, streams: list[list[Any]], owners: SlotOwners, cache: DynamicCache) -> torch.Tensor:
+    def _step(self, streams: list[list[Any]], owners: SlotOwners, cache: Any) -> torch.Tensor:
         """Feed every active stream's pending token; returns logits ``(B, Q, V)``."""
         width = max(len(s) for s in streams)
-        ids = torch.full((len(streams), width), self.pad_id, dtype=torch.long)
-        pos = torch.zeros((len(streams), width), dtype=torch.long)
-        own = torch.full((len(streams), width), PAD, dtype=torch.long)
+        # Plain lists first, one tensor each: element-wise tensor writes cost microseconds apiece.
+        ids = [[self.pad_id] * width for _ in streams]
+        pos = [[0] * width for _ in streams]
+        own_rows = [[PAD] * width for _ in streams]
         for r, row in enumerate(streams):
             for q, st in enumerate(row):
-                ids[r, q] = st.pending
-                pos[r, q] = st.cursor - 1
-                own[r, q] = st.index if isinstance(st, Branch) else SHARED
+                ids[r][q] = st.pending
+                pos[r][q] = st.cursor - 1
+                own_rows[r][q] = st.index if isinstance(st, Branch) else SHARED
+        own = torch.tensor(own_rows, dtype=torch.long)
         mask = owners.append(own, self.dtype)
         out = self.model(
-            input_ids=ids.to(self.device),
+            input_ids=torch.tensor(ids, dtype=torch.long, device=self.device),
             attention_mask=mask.to(self.device),
-            position_ids=pos.to(self.device),
+            position_ids=torch.tensor(pos, dtype=torch.long, device=self.device),
             past_key_values=cache,
             use_cache=True,
         )
@@ -205,16 +208,18 @@ class Decoder:
             for q, st in enumerate(row):
                 if seq.finish_reason is not None:
                     break
-                lp = logp[r, q]
                 if isinstance(st, Branch):
-                    if self._branch_forced(seq, st, lp):
+                    if self._branch_forced(seq, st, logp, r, q):
                         continue
-                elif self._main_forced(seq, lp):
+                elif self._main_forced(seq, logp, r, q):
                     continue
                 to_sample.append((seq, st, r, q))
         if not to_sample:
             return
-        rows_logits = torch.stack([logits[r, q] for _, _, r, q in to_sample])
+        # One gather for all sampled streams (indexing row by row was most of the loop's time at batch 256).
+        r_idx = torch.tensor([r for _, _, r, _ in to_sample])
+        q_idx = torch.tensor([q for _, _, _, q in to_sample])
+        rows_logits = logits[r_idx, q_idx]
         in_step = [isinstance(st, Branch) for _, st, _, _ in to_sample]
         penalty = self.cfg.step_repetition_penalty
         rows_logits = apply_repetition_penalty(
@@ -224,16 +229,17 @@ class Decoder:
         )
         # A step cannot end the turn: inside a branch end-of-turn is not a candidate (it ends at </step>).
         banned = torch.zeros_like(rows_logits, dtype=torch.bool)
-        for k, b in enumerate(in_step):
-            if b:
-                banned[k, self.stop_ids] = True
-        chosen = choose_tokens(
+        branch_rows = [k for k, b in enumerate(in_step) if b]
+        if branch_rows:
+            banned[torch.tensor(branch_rows)[:, None], torch.tensor(self.stop_ids)[None, :]] = True
+        chosen_t = choose_tokens(
             rows_logits, self.cfg.temperature, self.cfg.top_k, self.cfg.top_p, self.generator, banned
-        ).tolist()
-        for (seq, st, r, q), tok in zip(to_sample, chosen, strict=True):
+        )
+        chosen = chosen_t.tolist()
+        chosen_lp = logp[r_idx, q_idx, chosen_t].tolist()
+        for (seq, st, _, _), tok, lp in zip(to_sample, chosen, chosen_lp, strict=True):
             if seq.finish_reason is not None:
                 continue
-            lp = float(logp[r, q, tok])
             if isinstance(st, Branch):
                 self._charge_and_append(seq, st, tok, lp, forced=False)
             elif tok in self.stop_ids:
@@ -241,30 +247,33 @@ class Decoder:
             else:
                 self._charge_and_append(seq, seq, tok, lp, forced=False)
 
-    def _main_forced(self, seq: _Sequence, lp: torch.Tensor) -> bool:
-        """Handle the main stream's non-sampled cases; True if its next token is settled."""
+    def _main_forced(self, seq: _Sequence, logp: torch.Tensor, r: int, q: int) -> bool:
+        """Handle the main stream's non-sampled cases; True if its next token is settled.
+
+        ``logp[r, q]`` is this stream's next-token distribution (indexed only when a token is forced).
+        """
         tags = self.tags
         if (
             self.cfg.mode == "parallel"
             and tags is not None
             and seq.pending == tags.guideline_close
             and seq.token_ids  # the </guideline> is a response token, not part of the prompt
-            and self._try_fork(seq, lp)
+            and self._try_fork(seq, logp[r, q])
         ):
             return True
         if seq.forced_queue:
             tok = seq.forced_queue.pop(0)
-            self._charge_and_append(seq, seq, tok, float(lp[tok]), forced=True)
+            self._charge_and_append(seq, seq, tok, float(logp[r, q, tok]), forced=True)
             return True
         return False
 
-    def _branch_forced(self, seq: _Sequence, br: Branch, lp: torch.Tensor) -> bool:
+    def _branch_forced(self, seq: _Sequence, br: Branch, logp: torch.Tensor, r: int, q: int) -> bool:
         tags = self.tags
         assert tags is not None
         if br.pending == tags.step_close:
             br.done = True
             br.pending = None
-            br.after_close = {"takeaway": float(lp[tags.takeaway_open])}
+            br.after_close = {"takeaway": float(logp[r, q, tags.takeaway_open])}
             return True
         if br.forced_queue:
             tok = br.forced_queue.pop(0)
@@ -272,7 +281,7 @@ class Decoder:
             tok = tags.step_close
         else:
             return False
-        self._charge_and_append(seq, br, tok, float(lp[tok]), forced=True)
+        self._charge_and_append(seq, br, tok, float(logp[r, q, tok]), forced=True)
         return True
 
     def _charge_and_append(self, seq: _Sequence, stream: Any, tok: int, lp: float, forced: bool) -> None:

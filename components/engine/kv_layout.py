@@ -55,11 +55,13 @@ class SlotOwners:
         k = self.owners[:, None, :]
         q = query_owners[:, :, None]
         allowed = (k == SHARED) | ((k == q) & (q != PAD))
-        # Padding queries see their own slot only (keeps softmax finite; output ignored).
-        n_past = self.owners.shape[1] - query_owners.shape[1]
-        own = torch.zeros_like(allowed)
-        own[:, :, n_past:] = torch.eye(query_owners.shape[1], dtype=torch.bool)[None]
-        allowed = torch.where(q == PAD, own, allowed)
+        pad_q = q == PAD
+        if bool(pad_q.any()):  # never in sequential mode: every live row feeds one real token
+            # Padding queries see their own slot only (keeps softmax finite; output ignored).
+            n_past = self.owners.shape[1] - query_owners.shape[1]
+            own = torch.zeros_like(allowed)
+            own[:, :, n_past:] = torch.eye(query_owners.shape[1], dtype=torch.bool)[None]
+            allowed = torch.where(pad_q, own, allowed)
         return to_additive(allowed[:, None], dtype)
 
     def merge_branches(self, row: int) -> None:
@@ -73,4 +75,4 @@ class SlotOwners:
 
 def to_additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Bool mask (True = may attend) -> additive float mask; finfo.min, never -inf (eager NaN pitfall)."""
-    return torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+    return torch.where(allowed, 0.0, torch.finfo(dtype).min).to(dtype)

@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from components.engine.attention import decode_attention
 from components.engine.config import GenerationConfig
 from components.engine.decoder import Decoder
 from components.engine.generation import Generation
@@ -28,10 +29,11 @@ def generate_torch(
     decoder = Decoder(model, tokenizer, cfg, tags, generator)
     encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731 - prompts are rendered
     out: list[Generation] = []
-    for lo in range(0, len(prompts), cfg.batch_size):
-        ids = [encode(p) for p in prompts[lo : lo + cfg.batch_size]]
-        prefixes = None
-        if response_prefixes is not None:
-            prefixes = [encode(p) for p in response_prefixes[lo : lo + cfg.batch_size]]
-        out.extend(decoder.run(ids, prefixes))
+    with decode_attention(model):
+        for lo in range(0, len(prompts), cfg.batch_size):
+            ids = [encode(p) for p in prompts[lo : lo + cfg.batch_size]]
+            prefixes = None
+            if response_prefixes is not None:
+                prefixes = [encode(p) for p in response_prefixes[lo : lo + cfg.batch_size]]
+            out.extend(decoder.run(ids, prefixes))
     return out
