@@ -68,7 +68,9 @@ def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
                 yield json.loads(line)
 
 
-def write_shards(directory: Path, records: list[dict[str, Any]], n_shards: int, stem: str = "part") -> list[Path]:
+def write_shards(
+    directory: Path, records: list[dict[str, Any]], n_shards: int, stem: str = "part"
+) -> list[Path]:
     """Split records into ``n_shards`` contiguous JSONL files (few large files, never one per sample)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)

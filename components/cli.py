@@ -83,7 +83,9 @@ def stage(name: str, set_: SetOpt = None) -> None:
 
 @app.command("run")
 def run(
-    profile: Annotated[str | None, typer.Option(help="Materialise this profile into params.yaml first")] = None,
+    profile: Annotated[
+        str | None, typer.Option(help="Materialise this profile into params.yaml first")
+    ] = None,
     stages: Annotated[str | None, typer.Option(help="Comma-separated stages (default: all)")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan; run nothing")] = False,
     set_: SetOpt = None,
@@ -118,7 +120,9 @@ def run(
 
 @data_app.command("fetch")
 def data_fetch(
-    from_: Annotated[Path | None, typer.Option("--from", help="Copy raw data from this local directory")] = None,
+    from_: Annotated[
+        Path | None, typer.Option("--from", help="Copy raw data from this local directory")
+    ] = None,
     dest: Annotated[Path, typer.Option(help="Destination tracked by data.dvc")] = Path("data"),
 ) -> None:
     """Populate data/ (ORZ problems and benchmarks) from a local directory or the hub."""
@@ -152,7 +156,9 @@ def _track_with_dvc(dest: Path) -> str:
 def grade(
     pred: Annotated[str | None, typer.Option(help="Predicted answer or full response")] = None,
     gold: Annotated[str | None, typer.Option(help="Gold answer")] = None,
-    jsonl: Annotated[Path | None, typer.Option(help="JSONL with pred/gold fields; writes lines with `equal`")] = None,
+    jsonl: Annotated[
+        Path | None, typer.Option(help="JSONL with pred/gold fields; writes lines with `equal`")
+    ] = None,
 ) -> None:
     """Grade one (pred, gold) pair (prints true/false) or a JSONL file (to stdout)."""
     from components.grading.cli_ops import grade_jsonl, grade_pair
@@ -193,7 +199,9 @@ def eval_(
     cfg = _load(None, set_)
     names = [b.strip() for b in benchmarks.split(",") if b.strip()]
     try:
-        summary = evaluate_checkpoint(cfg, checkpoint=checkpoint, benchmarks=names, k=k, mode=mode, out_dir=out)
+        summary = evaluate_checkpoint(
+            cfg, checkpoint=checkpoint, benchmarks=names, k=k, mode=mode, out_dir=out
+        )
     except (FileNotFoundError, ValueError, KeyError) as err:
         _fail(f"eval failed: {err}", 1)
     typer.echo(json.dumps(summary, indent=2, default=str))

@@ -40,7 +40,11 @@ def is_plumbing(rel: str) -> bool:
     parts = Path(rel).parts
     if len(parts) == 2 and parts[0] == "components" and parts[1] in _PLUMBING_TOP:
         return True
-    return parts[-1] == "config.py" or parts[:2] == ("components", "ops") or rel == "components/stages/__init__.py"
+    return (
+        parts[-1] == "config.py"
+        or parts[:2] == ("components", "ops")
+        or rel == "components/stages/__init__.py"
+    )
 
 
 def _module_file(root: Path, module: str) -> Path | None:

@@ -86,7 +86,10 @@ def _format_errors(err: ValidationError, source: str) -> str:
     lines = [f"invalid config in {source}:"]
     for e in err.errors():
         path = ".".join(str(p) for p in e["loc"])
-        lines.append(f"  {path}: {e['msg']}" + (f" (got {e['input']!r})" if "input" in e and not isinstance(e["input"], dict) else ""))
+        lines.append(
+            f"  {path}: {e['msg']}"
+            + (f" (got {e['input']!r})" if "input" in e and not isinstance(e["input"], dict) else "")
+        )
     return "\n".join(lines)
 
 
@@ -146,7 +149,9 @@ def load_config(
     return validate_config(data, str(source))
 
 
-def materialise_profile(profile: str, overrides: list[str] | None = None, dest: Path = PARAMS_FILE) -> PipelineConfig:
+def materialise_profile(
+    profile: str, overrides: list[str] | None = None, dest: Path = PARAMS_FILE
+) -> PipelineConfig:
     """Write the validated profile (plus overrides) to params.yaml; returns the config written."""
     cfg = load_config(profile=profile, overrides=overrides)
     text = dump_yaml(cfg)
@@ -163,4 +168,6 @@ def dump_yaml(cfg: PipelineConfig) -> str:
         f"# configs/{cfg.profile}.yaml. Edits here (e.g. `dvc exp run -S key=value`) last until the next\n"
         f"# `npr config use` / `npr run --profile`; change the profile file to make them permanent.\n"
     )
-    return header + yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False, allow_unicode=True, width=100)
+    return header + yaml.safe_dump(
+        cfg.model_dump(mode="json"), sort_keys=False, allow_unicode=True, width=100
+    )

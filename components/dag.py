@@ -52,12 +52,16 @@ class StageIO:
 
     def input(self, key: str) -> Path:
         if key not in self.inputs:
-            raise DagError(f"stage {self.stage!r} has no input {key!r} in dvc.yaml; it has {sorted(self.inputs)}")
+            raise DagError(
+                f"stage {self.stage!r} has no input {key!r} in dvc.yaml; it has {sorted(self.inputs)}"
+            )
         return self.inputs[key]
 
     def output(self, key: str) -> Path:
         if key not in self.outputs:
-            raise DagError(f"stage {self.stage!r} has no output {key!r} in dvc.yaml; it has {sorted(self.outputs)}")
+            raise DagError(
+                f"stage {self.stage!r} has no output {key!r} in dvc.yaml; it has {sorted(self.outputs)}"
+            )
         return self.outputs[key]
 
     def upstream_output(self, stage: str, name: str) -> Path:

@@ -35,7 +35,9 @@ def apply_defaults(project_root: Path | None = None) -> dict[str, str]:
         if key not in os.environ:
             os.environ[key] = applied[key] = value
     if "WANDB_MODE" not in os.environ:
-        os.environ["WANDB_MODE"] = applied["WANDB_MODE"] = "online" if os.environ.get("WANDB_API_KEY") else "offline"
+        os.environ["WANDB_MODE"] = applied["WANDB_MODE"] = (
+            "online" if os.environ.get("WANDB_API_KEY") else "offline"
+        )
     if "HF_HUB_OFFLINE" not in os.environ:
         offline = "0" if hub_reachable() else "1"
         os.environ["HF_HUB_OFFLINE"] = os.environ["HF_DATASETS_OFFLINE"] = applied["HF_HUB_OFFLINE"] = offline

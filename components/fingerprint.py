@@ -24,7 +24,9 @@ def _code_files(dep: str) -> list[Path]:
     if p.is_file():
         return [p]
     if p.is_dir():
-        return sorted(f for f in p.rglob("*") if f.is_file() and not _SKIP_PARTS & set(f.parts) and f.suffix != ".pyc")
+        return sorted(
+            f for f in p.rglob("*") if f.is_file() and not _SKIP_PARTS & set(f.parts) and f.suffix != ".pyc"
+        )
     return []
 
 

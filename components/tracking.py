@@ -106,7 +106,9 @@ def step_logger(run: StageRun, every: int = 1) -> Callable[[int, dict[str, Any]]
 
     def on_step(step: int, record: dict[str, Any]) -> None:
         if step == 1 or step % every == 0:
-            run.log({k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "step"}, step=step)
+            run.log(
+                {k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "step"}, step=step
+            )
 
     return on_step
 

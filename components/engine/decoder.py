@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
 from components.engine.config import GenerationConfig
 from components.engine.generation import BlockRecord, Generation
 from components.engine.kv_cache import growing_cache

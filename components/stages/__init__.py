@@ -24,7 +24,9 @@ def stage_module(name: str) -> Any:
         return importlib.import_module(f"components.stages.{name}")
     except ModuleNotFoundError as err:
         if err.name == f"components.stages.{name}":
-            raise ValueError(f"stage {name!r} has no implementation module components/stages/{name}.py") from None
+            raise ValueError(
+                f"stage {name!r} has no implementation module components/stages/{name}.py"
+            ) from None
         raise
 
 

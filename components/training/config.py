@@ -91,7 +91,9 @@ class RLStageConfig(StrictModel):
     clip_ratio_low: float = Field(0.2, ge=0)
     clip_ratio_high: float = Field(0.28, ge=0)
     clip_ratio_c: float = Field(10.0, gt=1)
-    loss_agg_mode: Literal["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
+    loss_agg_mode: Literal["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean"] = (
+        "token-mean"
+    )
     # DAPO/GRPO only (verl's algorithm.norm_adv_by_std_in_grpo): divide group-centred rewards by the group's
     # std. Off (Dr. GRPO) keeps the advantage proportional to the reward gap, so a format-only difference
     # (valid-but-wrong vs invalid) is not inflated to the size of a correctness difference.

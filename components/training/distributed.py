@@ -135,11 +135,16 @@ def full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tupl
 
 
 def load_full_state(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, model_state: dict, optim_state: dict | None
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    model_state: dict,
+    optim_state: dict | None,
 ) -> None:
     """Broadcast rank 0's unsharded states into the shards; collective call (other ranks pass ``{}``)."""
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
     set_model_state_dict(model, model_state, options=_options(broadcast_from_rank0=True))
     if optimizer is not None:
-        set_optimizer_state_dict(model, optimizer, optim_state or {}, options=_options(broadcast_from_rank0=True))
+        set_optimizer_state_dict(
+            model, optimizer, optim_state or {}, options=_options(broadcast_from_rank0=True)
+        )

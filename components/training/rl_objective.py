@@ -87,7 +87,9 @@ def compute_advantages(
     if estimator == DAPO_ADV_ESTIMATOR:
         kwargs["norm_adv_by_std_in_grpo"] = norm_adv_by_std
     elif not norm_adv_by_std:
-        raise ValueError(f"norm_adv_by_std=False is a GRPO/DAPO option; {algorithm!r} defines its own scaling")
+        raise ValueError(
+            f"norm_adv_by_std=False is a GRPO/DAPO option; {algorithm!r} defines its own scaling"
+        )
     advantages, _ = get_adv_estimator_fn(estimator)(
         token_level_rewards=outcome_token_rewards(rewards, mask),
         response_mask=mask,

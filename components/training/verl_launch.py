@@ -244,7 +244,11 @@ def reward_settings(stage_cfg: Any, cfg: Any) -> dict[str, Any]:
 
 
 def write_verl_parquet(
-    problems: list[dict[str, Any]], path: Path, prompts_cfg: Any, style: str, reward: dict[str, Any] | None = None
+    problems: list[dict[str, Any]],
+    path: Path,
+    prompts_cfg: Any,
+    style: str,
+    reward: dict[str, Any] | None = None,
 ) -> int:
     """Problems as verl's RL dataset: chat ``prompt``, ``data_source``, ``reward_model.ground_truth``.
 

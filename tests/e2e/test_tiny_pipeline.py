@@ -24,20 +24,38 @@ BIN = Path(sys.executable).parent
 # Smaller budgets, same stages. The seed sees more parallel samples so that a short run still yields
 # accepted trajectories for the warmup stages (an empty accepted set is a loud failure, by design).
 SMALL = [
-    "sample_orz.n=600", "sample_orz.test_n=40", "sample_orz.synthetic_pool=2000",
-    "seed.steps=150", "seed.batch_size=32", "seed.parallel_fraction=0.6", "seed.eval_n=40",
+    "sample_orz.n=600",
+    "sample_orz.test_n=40",
+    "sample_orz.synthetic_pool=2000",
+    "seed.steps=150",
+    "seed.batch_size=32",
+    "seed.parallel_fraction=0.6",
+    "seed.eval_n=40",
     "models.tiny.tokenizer_corpus_size=4000",
-    "npr_zero.steps=3", "npr_zero.eval_n=40", "npr_zero.eval_every=3", "npr_zero.save_every=3",
-    "distill.n_problems=300", "distill.k=4",
+    "npr_zero.steps=3",
+    "npr_zero.eval_n=40",
+    "npr_zero.eval_every=3",
+    "npr_zero.save_every=3",
+    "distill.n_problems=300",
+    "distill.k=4",
     "reject_filter.min_acceptance_rate=0.0",
-    "parallel_warmup.epochs=1", "sequential_warmup.epochs=1",
-    "papo_rl.steps=2", "papo_rl.eval_n=40", "papo_rl.eval_every=2", "papo_rl.save_every=2",
-    "sr_rl.steps=2", "sr_rl.eval_n=40", "sr_rl.eval_every=2", "sr_rl.save_every=2",
+    "parallel_warmup.epochs=1",
+    "sequential_warmup.epochs=1",
+    "papo_rl.steps=2",
+    "papo_rl.eval_n=40",
+    "papo_rl.eval_every=2",
+    "papo_rl.save_every=2",
+    "sr_rl.steps=2",
+    "sr_rl.eval_n=40",
+    "sr_rl.eval_every=2",
+    "sr_rl.save_every=2",
 ]
 
 
 def _run(cmd: list[str], cwd: Path, timeout: int = 1800) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", PREFECT_HOME=str(cwd / ".prefect"))
+    env = dict(
+        os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", PREFECT_HOME=str(cwd / ".prefect")
+    )
     proc = subprocess.run(cmd, cwd=cwd, env=env, text=True, capture_output=True, timeout=timeout, check=False)
     assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
     return proc

@@ -148,7 +148,11 @@ def test_warmup_stage_under_torchrun_fsdp_writes_the_single_process_model(stage_
     for name, cmd in runs.items():
         proc = subprocess.run(
             [*cmd, str(stage_env), "parallel_warmup", str(tmp_path / name)],
-            env=env, capture_output=True, text=True, timeout=300, check=False,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
         )
         assert proc.returncode == 0, proc.stderr[-3000:]
     one = load_file(str(tmp_path / "one" / "model" / "model.safetensors"))
@@ -157,5 +161,7 @@ def test_warmup_stage_under_torchrun_fsdp_writes_the_single_process_model(stage_
     assert max((one[k] - two[k]).abs().max().item() for k in one) <= 1e-5
     cfg = load_config(profile="tiny")
     model, tokenizer = load_model(tmp_path / "two" / "model", cfg.models, cfg.run)
-    assert tokenizer.encode("</guideline>", add_special_tokens=False) == [tokenizer.convert_tokens_to_ids("</guideline>")]
+    assert tokenizer.encode("</guideline>", add_special_tokens=False) == [
+        tokenizer.convert_tokens_to_ids("</guideline>")
+    ]
     assert not (tmp_path / "two" / "model.tmp").exists()

@@ -20,7 +20,12 @@ from components.stages import parallel_warmup, sequential_warmup
 def main() -> None:
     root, stage, out = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
     torch.set_num_threads(1)
-    overrides = [f"{stage}.max_steps=3", f"{stage}.batch_size=4", f"{stage}.lr=1e-3", "tracking.mode=disabled"]
+    overrides = [
+        f"{stage}.max_steps=3",
+        f"{stage}.batch_size=4",
+        f"{stage}.lr=1e-3",
+        "tracking.mode=disabled",
+    ]
     cfg = load_config(profile="tiny", overrides=overrides)
     io = StageIO(
         stage=stage,

@@ -44,7 +44,14 @@ def main() -> None:
         for rec in synthetic.generate_problems(24, 3, {"easy": 1.0})
     ]
     settings = SFTSettings(
-        mode=mode, total_steps=steps, batch_size=4, grad_accum=2, lr=3e-3, warmup_steps=1, save_every=2, seed=0
+        mode=mode,
+        total_steps=steps,
+        batch_size=4,
+        grad_accum=2,
+        lr=3e-3,
+        warmup_steps=1,
+        save_every=2,
+        seed=0,
     )
     tags = TagIds.from_tokenizer(tok, "npr") if mode == "parallel" else None
     train_sft(

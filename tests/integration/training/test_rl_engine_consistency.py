@@ -22,8 +22,12 @@ def test_trainer_logprobs_equal_engine_logprobs(attn: str) -> None:
     model, tok = tiny_test_world(seed=0)
     model.config._attn_implementation = attn
     tags = TagIds.from_tokenizer(tok, "npr")
-    prompt = tok.apply_chat_template([{"role": "user", "content": "2+3?"}], tokenize=False, add_generation_prompt=True)
-    cfg = GenerationConfig(mode="parallel", max_new_tokens=48, temperature=1.0, batch_size=12, max_step_tokens=6, seed=5)
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "2+3?"}], tokenize=False, add_generation_prompt=True
+    )
+    cfg = GenerationConfig(
+        mode="parallel", max_new_tokens=48, temperature=1.0, batch_size=12, max_step_tokens=6, seed=5
+    )
     gens = generate(model, tok, [prompt] * 12, cfg, tags, response_prefixes=[PLANS] * 12)
     close = tags.ids["</takeaway>"]
     rollouts, engine_lps = [], []
@@ -59,7 +63,9 @@ def test_sequential_rollouts_padded_together_keep_the_engine_logprobs() -> None:
     rollouts, engine_lps = [], []
     for g in gens:
         stop = [g.stop_token_id] if g.stop_token_id is not None else []
-        rollouts.append(Rollout("g", "p", "0", g.prompt_ids, g.token_ids + stop, g.text, g.finish_reason, False))
+        rollouts.append(
+            Rollout("g", "p", "0", g.prompt_ids, g.token_ids + stop, g.text, g.finish_reason, False)
+        )
         engine_lps.append(torch.tensor(g.logprobs + ([g.stop_logprob] if stop else [])))
     assert len({len(r.prompt_ids) for r in rollouts}) == 3
     batch = build_policy_batch(rollouts, pad_id=tok.pad_token_id)

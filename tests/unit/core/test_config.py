@@ -66,7 +66,9 @@ def test_nested_out_of_range(in_repo: Path) -> None:
 
 
 def test_overrides_keep_yaml_types(in_repo: Path) -> None:
-    cfg = load_config(profile="tiny", overrides=["sample_orz.n=123", "seed.enabled=false", "run.dtype=bfloat16"])
+    cfg = load_config(
+        profile="tiny", overrides=["sample_orz.n=123", "seed.enabled=false", "run.dtype=bfloat16"]
+    )
     assert cfg.sample_orz.n == 123 and cfg.seed.enabled is False and cfg.run.dtype == "bfloat16"
 
 

@@ -50,8 +50,9 @@ def test_generation_is_the_same_with_the_copying_attention() -> None:
     """The engine's tokens and logprobs do not depend on which of the two attentions ran."""
     model, tok = tiny_test_world(seed=0)
     prompts = [
-        tok.apply_chat_template([{"role": "user", "content": "add 2 and 3" * (k + 1)}], tokenize=False,
-                                add_generation_prompt=True)
+        tok.apply_chat_template(
+            [{"role": "user", "content": "add 2 and 3" * (k + 1)}], tokenize=False, add_generation_prompt=True
+        )
         for k in range(5)
     ]
     cfg = GenerationConfig(max_new_tokens=16, temperature=1.0, batch_size=5, seed=3)

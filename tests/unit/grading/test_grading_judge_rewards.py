@@ -102,7 +102,10 @@ def test_stage1_values_come_from_config() -> None:
 def test_stage1_invalid_offset_keeps_every_failure_below_every_pass() -> None:
     cfg = GradingConfig.model_validate({"stage1": {"invalid_offset": -1.0}})
     results = score_many(
-        "stage1", [VALID, VALID.replace("{5}", "{6}"), CONTENT_FAULTS, MALFORMED, PLAIN, ""], ["5"] * 6, cfg=cfg
+        "stage1",
+        [VALID, VALID.replace("{5}", "{6}"), CONTENT_FAULTS, MALFORMED, PLAIN, ""],
+        ["5"] * 6,
+        cfg=cfg,
     )
     # content faults -1.4 -> -2.4 clipped to the empty minimum -2; plain -1.5 -> -2
     assert [r.score for r in results] == pytest.approx([1.0, -1.0, -2.0, -2.0, -2.0, -2.0])

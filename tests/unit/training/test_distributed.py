@@ -43,7 +43,9 @@ def test_non_zero_ranks_write_no_metrics_and_leave_the_work_dir_alone(
     work = tmp_path / "toy" / "work"
     work.mkdir(parents=True)
     (work / "checkpoint-00000001").mkdir()  # rank 1 must not judge (and reset) rank 0's work dir
-    io = StageIO("toy", outputs={"model": tmp_path / "toy" / "model"}, metrics=tmp_path / "toy" / "metrics.json")
+    io = StageIO(
+        "toy", outputs={"model": tmp_path / "toy" / "model"}, metrics=tmp_path / "toy" / "metrics.json"
+    )
     monkeypatch.setenv("RANK", "1")
     assert not is_main_process()
     assert stages.run_stage("toy", load_config(profile="tiny"), io)["x"] == 1

@@ -111,7 +111,11 @@ def test_rows_carry_the_stage_reward_to_compute_score(tmp_path):
         path = tmp_path / f"{stage}.parquet"
         write_verl_parquet(problems, path, cfg.prompts, "parallel", reward_settings(getattr(cfg, stage), cfg))
         row = pd.read_parquet(path).iloc[0]
-        verdicts[stage] = compute_score(row["data_source"], broken, row["reward_model"]["ground_truth"],
-                                        extra_info=dict(row["extra_info"]))
+        verdicts[stage] = compute_score(
+            row["data_source"],
+            broken,
+            row["reward_model"]["ground_truth"],
+            extra_info=dict(row["extra_info"]),
+        )
     assert verdicts["papo_rl"]["filtered"] is True and verdicts["papo_rl"]["acc"]
     assert verdicts["npr_zero"]["filtered"] is False and verdicts["npr_zero"]["score"] < 0
