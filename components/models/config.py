@@ -45,6 +45,9 @@ class SeedConfig(StrictModel):
     batch_size: int = Field(64, ge=1)
     lr: float = Field(2e-3, gt=0)
     warmup_steps: int = Field(30, ge=0)
+    # After the warmup: hold ``lr`` (constant) or anneal it to ``min_lr`` by the last step (cosine/linear).
+    scheduler: Literal["constant", "cosine", "linear"] = "constant"
+    min_lr: float = Field(0.0, ge=0)
     parallel_fraction: float = Field(0.2, ge=0.0, le=1.0)
     mistake_fraction: float = Field(0.05, ge=0.0, le=1.0)
     # Difficulty mix of the generated SFT problems (synthetic task levels); held-out test problems are excluded.

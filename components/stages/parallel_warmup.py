@@ -10,7 +10,6 @@ counted in the metrics by reason.
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -33,10 +32,10 @@ def run_warmup(cfg: PipelineConfig, io: StageIO, section: SFTStageConfig) -> dic
     from components.models.loading import load_model, resolve_device, save_model
     from components.models.tags import add_tag_tokens
     from components.parallel import TagIds
-    from components.tracking import stage_run, step_logger
     from components.training.distributed import DistContext, full_model_state
-    from components.training.sft import EpochSource, SFTSettings, train_sft
+    from components.training.sft import EpochSource, SFTSettings
     from components.training.sft_data import prepare_examples
+    from components.training.sft_run import train_sft_in_stage_run
 
     ctx = DistContext.from_env(resolve_device(cfg.run))
     records = read_shards(io.input("reject_filter/accepted"))
@@ -65,21 +64,9 @@ def run_warmup(cfg: PipelineConfig, io: StageIO, section: SFTStageConfig) -> dic
     settings = SFTSettings.from_stage_config(section, len(data.examples))
     tags = TagIds.from_tokenizer(tokenizer, cfg.schema_name) if section.mode == "parallel" else None
     source = EpochSource(data.examples, settings.examples_per_step, section.seed)
-    # one W&B run per stage (rank 0's), resumed with the stage
-    with stage_run(cfg, io.stage, work) if ctx.is_main else nullcontext() as tracker:
-        result = train_sft(
-            model,
-            source,
-            settings,
-            work,
-            pad_id=tokenizer.pad_token_id,
-            tags=tags,
-            metrics_path=work / "train_metrics.json",
-            on_step=step_logger(tracker) if tracker is not None else None,
-            ctx=ctx,
-        )
-        if tracker is not None:
-            tracker.summary({k: v for k, v in result.summary().items() if isinstance(v, (int, float))})
+    result = train_sft_in_stage_run(
+        cfg, io.stage, work, model, source, settings, pad_id=tokenizer.pad_token_id, tags=tags, ctx=ctx
+    )
     # under FSDP the weights are gathered to rank 0 (a collective call), which alone writes the model
     state = full_model_state(model) if ctx.active else None
     if ctx.is_main:

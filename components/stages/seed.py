@@ -104,8 +104,8 @@ def build_tiny_seed(cfg: PipelineConfig, io: StageIO) -> dict[str, Any]:
     from components.data.problems import load_problems
     from components.models.loading import save_model
     from components.models.tiny import build_tiny_model, train_tokenizer
-    from components.tracking import stage_run, step_logger
-    from components.training.sft import SFTSettings, train_sft
+    from components.training.sft import SFTSettings
+    from components.training.sft_run import train_sft_in_stage_run
 
     if cfg.models.tiny is None:
         raise ValueError("models.base_model is 'tiny' but models.tiny (the architecture) is not set")
@@ -133,7 +133,8 @@ def build_tiny_seed(cfg: PipelineConfig, io: StageIO) -> dict[str, Any]:
             batch_size=seed_cfg.batch_size,
             lr=seed_cfg.lr,
             warmup_steps=seed_cfg.warmup_steps,
-            scheduler="constant",
+            scheduler=seed_cfg.scheduler,
+            min_lr=seed_cfg.min_lr,
             weight_decay=seed_cfg.weight_decay,
             adam_betas=seed_cfg.adam_betas,
             grad_clip=seed_cfg.grad_clip,
@@ -141,17 +142,9 @@ def build_tiny_seed(cfg: PipelineConfig, io: StageIO) -> dict[str, Any]:
             seed=cfg.run.seed,
         )
         source = SeedSource(cfg, tokenizer, held_out)
-        with stage_run(cfg, io.stage, work) as tracker:  # one W&B run per stage, resumed with the stage
-            result = train_sft(
-                model,
-                source,
-                settings,
-                work,
-                pad_id=tokenizer.pad_token_id,
-                metrics_path=work / "train_metrics.json",
-                on_step=step_logger(tracker),
-            )
-            tracker.summary({k: v for k, v in result.summary().items() if isinstance(v, (int, float))})
+        result = train_sft_in_stage_run(
+            cfg, io.stage, work, model, source, settings, pad_id=tokenizer.pad_token_id
+        )
         metrics.update(result.summary())
         metrics["skipped_held_out_problems"] = source.skipped_held_out
         if result.wall_time_s > 0 and result.final_step > result.start_step:

@@ -1,0 +1,50 @@
+"""``train_sft`` as a stage runs it: inside the stage's W&B run, every step logged, the summary at the end.
+
+The seed and both warmups train through here, so what a user sees in W&B for an SFT stage is the same
+whichever stage it is. Under ``torchrun`` only rank 0 opens the run and logs.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from components.training.distributed import DistContext
+from components.training.sft import SFTResult, SFTSettings, StepSource, train_sft
+
+
+def train_sft_in_stage_run(
+    cfg: Any,
+    stage: str,
+    work: Path,
+    model: torch.nn.Module,
+    source: StepSource,
+    settings: SFTSettings,
+    *,
+    pad_id: int,
+    tags: Any = None,
+    ctx: DistContext | None = None,
+) -> SFTResult:
+    """Run (or resume) ``train_sft`` in ``work`` (metrics to ``work/train_metrics.json``) inside one W&B run
+    per stage, resumed with the stage; the run's summary gets the numeric fields of ``SFTResult.summary``."""
+    from components.tracking import stage_run, step_logger
+
+    ctx = ctx or DistContext()
+    with stage_run(cfg, stage, work) if ctx.is_main else nullcontext() as tracker:
+        result = train_sft(
+            model,
+            source,
+            settings,
+            work,
+            pad_id=pad_id,
+            tags=tags,
+            metrics_path=work / "train_metrics.json",
+            on_step=step_logger(tracker) if tracker is not None else None,
+            ctx=ctx,
+        )
+        if tracker is not None:
+            tracker.summary({k: v for k, v in result.summary().items() if isinstance(v, (int, float))})
+    return result
