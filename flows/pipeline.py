@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,27 @@ def run_stage_in_flow(stage: str, profile: str, fingerprint: str, gpu: bool, pip
     return metrics
 
 
+def timing_markdown(stage_wall_s: dict[str, float], total_s: float) -> str:
+    """The run's wall-time table: each stage's task (DVC check, run or skip, push) and the whole pipeline."""
+    rows = [f"| {name} | {wall:.1f} |" for name, wall in stage_wall_s.items()]
+    return "\n".join(
+        ["## Pipeline wall time", "", "| stage | wall s |", "|---|---|", *rows, f"| **total** | **{total_s:.1f}** |"]
+    )
+
+
+def record_timing(run_id: str, profile: str, stage_wall_s: dict[str, float], total_s: float) -> Path:
+    """Write ``artifacts/pipeline/timing-<run>.json`` (and a Prefect artifact inside a flow run)."""
+    out = Path("artifacts") / "pipeline" / f"timing-{run_id}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"run_id": run_id, "profile": profile, "stages_wall_s": stage_wall_s, "total_wall_s": total_s}
+    out.write_text(json.dumps(payload, indent=2) + "\n")
+    markdown = timing_markdown(stage_wall_s, total_s)
+    print(markdown)
+    if flow_run.get_id():
+        create_markdown_artifact(key="pipeline-timing", markdown=markdown, description=f"{profile} run {run_id}")
+    return out
+
+
 def plan(cfg: PipelineConfig, stages: list[str]) -> list[str]:
     """Human-readable plan for `npr run --dry-run`: each stage, where it runs, whether DVC finds it stale."""
     proc = subprocess.run([_dvc(), "status", "--json"], capture_output=True, text=True, check=False)
@@ -94,6 +116,8 @@ def npr_pipeline(profile: str = "tiny", stages: list[str] | None = None, overrid
     specs = load_stages()
     run_id = str(flow_run.get_id() or "local")
     results: dict[str, Any] = {}
+    stage_wall_s: dict[str, float] = {}
+    started = time.perf_counter()
     for name in selected:
         timeout = cfg.orchestration.timeout_for(name)
         fingerprint = stage_fingerprint(specs[name], cfg)
@@ -102,7 +126,10 @@ def npr_pipeline(profile: str = "tiny", stages: list[str] | None = None, overrid
             run_stage_in_flow, name=f"stage-{name}", version=fingerprint, timeout_seconds=timeout,
             retries=cfg.orchestration.retries, retry_delay_seconds=cfg.orchestration.retry_delay_s, log_prints=True,
         )
+        stage_start = time.perf_counter()
         results[name] = runner(name, cfg.profile, fingerprint, name in cfg.orchestration.gpu_stages, run_id)
+        stage_wall_s[name] = round(time.perf_counter() - stage_start, 1)
+    record_timing(run_id, cfg.profile, stage_wall_s, round(time.perf_counter() - started, 1))
     return results
 
 

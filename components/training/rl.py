@@ -302,8 +302,10 @@ class RLTrainer:
         return trace_metrics(parse_text(text, self.cfg.schema_name)).is_parallel
 
     def evaluate(self) -> dict[str, Any]:
-        """Held-out metrics of the current policy: one sample per problem, the stage's engine mode."""
-        prompts = [self._prompt(p) for p in self.eval_problems]
+        """Held-out metrics of the current policy: ``eval_samples`` samples per problem, the stage's engine
+        mode; rates are over all samples."""
+        problems = [p for p in self.eval_problems for _ in range(self.sc.eval_samples)]
+        prompts = [self._prompt(p) for p in problems]
         self.model.eval()
         start = time.perf_counter()
         with torch.no_grad():
@@ -319,7 +321,7 @@ class RLTrainer:
         wall = time.perf_counter() - start
         judgements = judge_many(
             [g.text for g in gens],
-            [str(p["answer"]) for p in self.eval_problems],
+            [str(p["answer"]) for p in problems],
             self.cfg.schema_name,
             self.cfg.grading,
         )
@@ -334,6 +336,7 @@ class RLTrainer:
             "engine_fork_rate": sum(g.parallel_taken for g in gens) / len(gens),
             "response_length_mean": float(np.mean([len(g.token_ids) for g in gens])),
             "n": summary["n"],
+            "problems": len(self.eval_problems),
             "wall_s": round(wall, 3),
         }
 

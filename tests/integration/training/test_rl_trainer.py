@@ -63,7 +63,9 @@ def test_resume_after_an_interrupted_run_matches_an_uninterrupted_one(warm_world
 
 def test_papo_stage_trains_only_structurally_valid_rollouts(warm_world, tmp_path):
     model, tok = warm_world
-    cfg = small_cfg("papo_rl", "steps=1", "eval_every=1", "max_new_tokens=96", "prompts_per_step=8")
+    cfg = small_cfg(
+        "papo_rl", "steps=1", "eval_every=1", "max_new_tokens=96", "prompts_per_step=8", "eval_samples=3"
+    )
     cfg.tracking.mode = "disabled"
     train, test = problems()
     problems_dir = tmp_path / "problems"
@@ -90,6 +92,8 @@ def test_papo_stage_trains_only_structurally_valid_rollouts(warm_world, tmp_path
     assert step["dynamic_sampling/num_gen_batches"] == 1, "PAPO has no dynamic sampling"
     for key in ("final/correct_and_valid", "initial/format_valid", "delta/format_valid", "perf/tokens_per_s"):
         assert key in metrics
+    first_eval = metrics["evals"][0]
+    assert first_eval["problems"] == len(test) and first_eval["n"] == 3 * len(test), "3 samples per problem"
 
 
 def test_papo_trainer_rejects_a_parallel_engine_without_the_filter(warm_world, tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 from pathlib import Path
 
 import pytest
@@ -79,6 +80,8 @@ def test_flow_runs_exactly_dvc_stages_in_order(in_repo: Path, monkeypatch: pytes
     dvc_names = list(yaml.safe_load(Path("dvc.yaml").read_text())["stages"])
     assert sorted(n.removeprefix("stage-") for n, _ in seen) == sorted(dvc_names)
     assert all(len(v) == 16 for _, v in seen)
+    timing = json.loads((in_repo / "artifacts" / "pipeline" / "timing-local.json").read_text())
+    assert list(timing["stages_wall_s"]) == stage_order() and timing["total_wall_s"] >= 0
 
 
 def test_code_deps_cover_every_module_a_stage_computes_with(in_repo: Path) -> None:
