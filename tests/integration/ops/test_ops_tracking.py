@@ -127,3 +127,18 @@ def test_pipeline_run_id_is_created_once(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.delenv(PIPELINE_RUN_ENV, raising=False)
     first = pipeline_run_id()
     assert first.startswith("run-") and pipeline_run_id() == first
+
+
+def test_run_files_finds_segments_started_in_the_same_second(tmp_path):
+    """W&B suffixes the directory of a resumed segment started within the same second (``-1``)."""
+    for name, rid in [
+        ("offline-run-20261130_230202-abc", "abc"),
+        ("offline-run-20261130_230202-abc-1", "abc"),
+        ("offline-run-20261130_230202-abcd", "abcd"),  # another run whose id starts the same
+    ]:
+        (tmp_path / "wandb" / name).mkdir(parents=True)
+        (tmp_path / "wandb" / name / f"run-{rid}.wandb").write_bytes(b"")
+    assert [p.parent.name for p in run_files(tmp_path, "abc")] == [
+        "offline-run-20261130_230202-abc",
+        "offline-run-20261130_230202-abc-1",
+    ]

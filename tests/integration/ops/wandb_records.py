@@ -7,6 +7,7 @@ records, each with a 7-byte header (crc32c, little-endian length, type: 1 full, 
 
 from __future__ import annotations
 
+import re
 import struct
 import time
 from pathlib import Path
@@ -56,4 +57,11 @@ def by_type(records: list, kind: str) -> list:
 
 
 def run_files(wandb_dir: Path, run_id: str) -> list[Path]:
-    return sorted(Path(wandb_dir).glob(f"wandb/offline-run-*-{run_id}/run-{run_id}.wandb"))
+    """The offline segments of one run. A segment started in the same second as the previous one gets a
+    ``-1``, ``-2``... suffix on its directory (``offline-run-<time>-<id>-1``), so both shapes are matched."""
+    runs = Path(wandb_dir) / "wandb"
+    return sorted(
+        p
+        for p in runs.glob(f"offline-run-*-{run_id}*/run-{run_id}.wandb")
+        if re.fullmatch(rf"offline-run-\d{{8}}_\d{{6}}-{re.escape(run_id)}(-\d+)?", p.parent.name)
+    )
