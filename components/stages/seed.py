@@ -84,9 +84,14 @@ class SeedSource:
 
 
 def tokenizer_corpus(cfg: PipelineConfig) -> list[str]:
-    """User turns and solutions (both styles) of generated problems: the text the tokenizer will see."""
+    """Chat-rendered conversations (prompt and a solution of either style) of generated problems.
+
+    Exactly the text the model will read (role headers and instruction included), so BPE merges the
+    prompt's fixed words as well as the solutions'.
+    """
     from components.data import synthetic
-    from components.prompts import user_message
+    from components.models.tiny import render_chat
+    from components.prompts import chat_messages
 
     tiny = cfg.models.tiny
     rng = random.Random(cfg.run.seed)
@@ -95,8 +100,9 @@ def tokenizer_corpus(cfg: PipelineConfig) -> list[str]:
         tiny.tokenizer_corpus_size, cfg.run.seed, cfg.seed.difficulty_weights
     ):
         style = "parallel" if rng.random() < 0.5 else "sequential"
-        texts.append(user_message(record["problem"], cfg.prompts, "parallel"))
-        texts.append(synthetic.render_solution(record, style, rng))
+        messages = chat_messages(record["problem"], cfg.prompts, "parallel")
+        messages.append({"role": "assistant", "content": synthetic.render_solution(record, style, rng)})
+        texts.append(render_chat(messages))
     return texts
 
 
