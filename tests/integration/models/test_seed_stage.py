@@ -69,7 +69,7 @@ def test_seed_short(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.skipif(
-    os.environ.get("NPR_FULL_SEED") != "1", reason="full calibrated seed (~12 min on 2 idle cores; NPR_FULL_SEED=1)"
+    os.environ.get("NPR_FULL_SEED") != "1", reason="full calibrated seed (~6 min on 2 idle cores; NPR_FULL_SEED=1)"
 )
 def test_seed_numbers_in_range(tmp_path):
     _, _, _, metrics = _run_seed(tmp_path, [])
