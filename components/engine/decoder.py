@@ -217,7 +217,7 @@ class Decoder:
                 to_sample.append((seq, st, r, q))
         if not to_sample:
             return
-        # One gather for all sampled streams (indexing row by row was most of the loop's time at batch 256).
+        # One gather for all sampled streams instead of one indexing op per stream (~5% of a batch-256 loop).
         r_idx = torch.tensor([r for _, _, r, _ in to_sample])
         q_idx = torch.tensor([q for _, _, _, q in to_sample])
         rows_logits = logits[r_idx, q_idx]

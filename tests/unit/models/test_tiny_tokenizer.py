@@ -33,7 +33,7 @@ def test_numbers_cost_one_token_per_digit_with_the_space_attached(tokenizer):
     assert _pieces(tokenizer, "(7 + 3)") == ["(", "7", " +", " 3", ")"]
 
 
-def test_role_headers_and_frequent_words_are_merged(tokenizer):
+def test_role_headers_are_single_tokens(tokenizer):
     assert _pieces(tokenizer, "user") == ["user"]
     assert _pieces(tokenizer, "assistant") == ["assistant"]
 
