@@ -6,7 +6,7 @@ NPR-Zero with it); the engine mode is ``distill.generation.mode`` (sequential vi
 the paper). Each response is judged with ``components.grading.judge_many``.
 
 Resumable: problems are decoded in chunks of ``generation.batch_size // k`` problems; each finished chunk
-is written to ``artifacts/distill/work/chunk-NNNNN.jsonl`` (atomically) and a rerun skips it. The work dir
+is written as ``chunk-NNNNN.jsonl`` into ``artifacts/distill/work`` (atomically) and a rerun skips it. The work dir
 is stamped by ``components.stages.run_stage`` with the stage's code, params and input files; any change
 clears it so stale samples are never mixed in.
 """

@@ -2,7 +2,7 @@
 
 Outputs (atomic): ``problems/`` (train-NNNNN.jsonl, test-NNNNN.jsonl, manifest.json) and ``audit/``
 (quarantine.jsonl, duplicates.jsonl, reconciliation.json, gx_docs/*.html). When too few rows pass the gate
-the audit is written to ``artifacts/sample_orz/work/audit-failed/`` for inspection and the stage raises
+the audit is written to ``audit-failed`` in ``artifacts/sample_orz/work`` for inspection and the stage raises
 DataQualityError; neither output is touched.
 """
 

@@ -471,7 +471,7 @@ def run_rl_stage(stage: str, cfg: Any, io: Any) -> dict[str, Any]:
     """The body of the stages ``npr_zero``, ``papo_rl`` and ``sr_rl``: train, save the model, return metrics.
 
     Reads ``<init_from>/model`` and ``sample_orz/problems`` (train split to train on, test split held out);
-    writes ``model`` atomically; checkpoints and the step log live in ``artifacts/<stage>/work/``.
+    writes ``model`` atomically; checkpoints and the step log live in ``artifacts/<stage>/work``.
     """
     from components.artifacts import atomic_dir
     from components.data.problems import load_problems
