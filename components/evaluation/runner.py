@@ -3,8 +3,9 @@
 Shared by the `evaluate` stage, `npr eval` (``adhoc``) and the nightly flow, so every number comes from the
 same code. For each checkpoint and benchmark: render each problem's prompt, decode ``n_samples`` samples per
 problem with the engine (parallel mode for parallel checkpoints), grade them, measure their structure on the
-token ids (``components.structure.trace_metrics``), and time the decode. For a parallel checkpoint the same
-prompts are decoded again in sequential mode to measure the achieved speedup.
+token ids (``components.structure.trace_metrics``), and time the decode. Benchmarks small enough to share one
+engine batch are decoded in one call (``decode_groups``). For a parallel checkpoint the same prompts are
+decoded again in sequential mode to measure the achieved speedup.
 """
 
 from __future__ import annotations
@@ -138,27 +139,87 @@ def _structure(generation: Any, tags: Any, schema_name: str) -> dict[str, Any]:
     }
 
 
-def evaluate_benchmark(
+def decode_groups(
+    specs: Sequence[BenchmarkSpec], n_problems: Mapping[str, int], batch_size: int
+) -> list[list[BenchmarkSpec]]:
+    """Consecutive benchmarks whose samples fit together in one engine batch, decoded by one engine call.
+
+    Small benchmarks (a few problems each, as in the tiny profile's sample of the real ones) would otherwise
+    each pay a whole decode loop for a handful of rows; a benchmark with a batch or more of samples (every
+    benchmark of a real run) is decoded alone, as before.
+    """
+    groups: list[list[BenchmarkSpec]] = []
+    room = 0
+    for spec in specs:
+        n = spec.n_samples * n_problems[spec.name]
+        if groups and n <= room:
+            groups[-1].append(spec)
+            room -= n
+        else:
+            groups.append([spec])
+            room = batch_size - n
+    return groups
+
+
+def evaluate_benchmarks(
     model: Any,
     tokenizer: Any,
     tags: Any,
+    problems: Mapping[str, Sequence[Mapping[str, Any]]],
+    specs: Sequence[BenchmarkSpec],
+    cfg: Any,
+    checkpoint: str,
+    mode: Mode,
+    prompt_style: Mode,
+) -> dict[str, tuple[list[dict[str, Any]], float]]:
+    """Decode and grade ``spec.n_samples`` samples of every problem of every benchmark.
+
+    Returns ``{benchmark: (records, decode wall seconds)}``. Benchmarks decoded in one call
+    (``decode_groups``) share its wall time in proportion to the tokens each generated, so each reports the
+    call's throughput and the seconds add up to the call's.
+    """
+    from components.prompts import render_prompt
+
+    ecfg: EvaluateConfig = cfg.evaluate
+    out: dict[str, tuple[list[dict[str, Any]], float]] = {}
+    sizes = {spec.name: len(problems[spec.name]) for spec in specs}
+    for group in decode_groups(specs, sizes, ecfg.generation.batch_size):
+        prompts: dict[str, list[str]] = {}
+        for spec in group:
+            rendered = [
+                render_prompt(tokenizer, p["problem"], cfg.prompts, prompt_style) for p in problems[spec.name]
+            ]
+            prompts[spec.name] = [pp for pp in rendered for _ in range(spec.n_samples)]
+        flat = [pp for spec in group for pp in prompts[spec.name]]
+        generations, wall = _decode(model, tokenizer, tags, flat, generation_config(ecfg, mode))
+        if len(generations) != len(flat):
+            raise RuntimeError(f"engine returned {len(generations)} generations for {len(flat)} prompts")
+        total_tokens = max(1, sum(g.total_tokens for g in generations))
+        offset = 0
+        for spec in group:
+            gens = generations[offset : offset + len(prompts[spec.name])]
+            offset += len(gens)
+            share = sum(g.total_tokens for g in gens) / total_tokens if len(group) > 1 else 1.0
+            records = _records(
+                gens, prompts[spec.name], problems[spec.name], spec, cfg, checkpoint, mode, tags
+            )
+            out[spec.name] = (records, wall * share)
+    return out
+
+
+def _records(
+    generations: Sequence[Any],
+    prompts: Sequence[str],
     problems: Sequence[Mapping[str, Any]],
     spec: BenchmarkSpec,
     cfg: Any,
     checkpoint: str,
     mode: Mode,
-    prompt_style: Mode,
-) -> tuple[list[dict[str, Any]], float]:
-    """Decode and grade ``spec.n_samples`` samples of every problem; returns (records, decode wall seconds)."""
+    tags: Any,
+) -> list[dict[str, Any]]:
+    """Grade one benchmark's generations into per-sample records."""
     from components.grading.judge import judge_many
-    from components.prompts import render_prompt
 
-    ecfg: EvaluateConfig = cfg.evaluate
-    problem_prompts = [render_prompt(tokenizer, p["problem"], cfg.prompts, prompt_style) for p in problems]
-    prompts = [pp for pp in problem_prompts for _ in range(spec.n_samples)]
-    generations, wall = _decode(model, tokenizer, tags, prompts, generation_config(ecfg, mode))
-    if len(generations) != len(prompts):
-        raise RuntimeError(f"engine returned {len(generations)} generations for {len(prompts)} prompts")
     golds = [list(p["answers"]) for p in problems for _ in range(spec.n_samples)]
     judgements = judge_many([g.text for g in generations], golds, cfg.schema_name, cfg.grading)
     records = []
@@ -186,7 +247,7 @@ def evaluate_benchmark(
             **_structure(gen, tags, cfg.schema_name),
         }
         records.append(rec)
-    return records, wall
+    return records
 
 
 def _tags_for(tokenizer: Any, schema_name: str, mode: Mode) -> Any:
@@ -257,31 +318,15 @@ def evaluate_checkpoints(
         tags = _tags_for(tokenizer, cfg.schema_name, ckpt.mode)
         benches: dict[str, dict[str, Any]] = {}
         result.records[ckpt.name] = {}
+        args = (model, tokenizer, tags, problems, benchmarks, cfg, ckpt.name)
+        decoded = evaluate_benchmarks(*args, ckpt.mode, ckpt.prompt_style)
+        speedup = ckpt.mode == "parallel" and ecfg.measure_speedup
+        sequential = evaluate_benchmarks(*args, "sequential", ckpt.prompt_style) if speedup else {}
         for spec in benchmarks:
-            records, wall = evaluate_benchmark(
-                model,
-                tokenizer,
-                tags,
-                problems[spec.name],
-                spec,
-                cfg,
-                ckpt.name,
-                ckpt.mode,
-                ckpt.prompt_style,
-            )
+            records, wall = decoded[spec.name]
             metrics = summarize_records(records, spec.k, wall)
-            if ckpt.mode == "parallel" and ecfg.measure_speedup:
-                seq_records, seq_wall = evaluate_benchmark(
-                    model,
-                    tokenizer,
-                    tags,
-                    problems[spec.name],
-                    spec,
-                    cfg,
-                    ckpt.name,
-                    "sequential",
-                    ckpt.prompt_style,
-                )
+            if spec.name in sequential:
+                seq_records, seq_wall = sequential[spec.name]
                 seq = summarize_records(seq_records, spec.k, seq_wall)
                 metrics.update(
                     sequential_accuracy=seq["accuracy"],

@@ -57,6 +57,8 @@ class SeedConfig(StrictModel):
     grad_clip: float = Field(1.0, gt=0)
     max_length: int = Field(256, ge=16)
     save_every: int = Field(50, ge=1)
+    # Passes per step over length-sorted slices of it: same gradient, less padding (training/sft.py)
+    length_splits: int = Field(1, ge=1)
     eval_n: int = Field(200, ge=1)
     eval_temperature: float = Field(1.0, ge=0.0)
     eval_batch_size: int = Field(200, ge=1)

@@ -146,6 +146,7 @@ def build_tiny_seed(cfg: PipelineConfig, io: StageIO) -> dict[str, Any]:
             grad_clip=seed_cfg.grad_clip,
             save_every=seed_cfg.save_every,
             seed=cfg.run.seed,
+            length_splits=seed_cfg.length_splits,
         )
         source = SeedSource(cfg, tokenizer, held_out)
         result = train_sft_in_stage_run(

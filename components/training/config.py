@@ -31,6 +31,8 @@ class SFTStageConfig(StrictModel):
     grad_clip: float = Field(1.0, gt=0)
     save_every: int = Field(1000, ge=1)
     seed: int = Field(521, ge=0)
+    # Passes per micro-batch over length-sorted slices of the step: same gradient, less padding (sft.py)
+    length_splits: int = Field(1, ge=1)
     # Processes (one per GPU) for FSDP; > 1 makes `npr stage` relaunch itself under torchrun
     # (components.training.distributed). batch_size * grad_accum must be divisible by it.
     nproc_per_node: int = Field(1, ge=1)
@@ -81,6 +83,9 @@ class RLStageConfig(StrictModel):
     group_size: int = Field(16, ge=1)
     # Optimizer steps per rollout batch (verl ppo_mini_batch); > 1 makes the DAPO clip act on later ones.
     mini_batches: int = Field(1, ge=1)
+    # Rollouts per forward/backward inside a mini-batch, sorted by length to cut padding; the gradient is
+    # the mini-batch's (verl's global_batch_info). None = the whole mini-batch in one forward.
+    micro_batch_size: int | None = Field(None, ge=1)
     lr: float = Field(1e-6, gt=0)
     lr_scheduler: Literal["constant", "cosine"] = "constant"
     lr_warmup_steps: int = Field(0, ge=0)

@@ -15,7 +15,9 @@ One training step:
    for DAPO, ``papo`` + ``papo`` for PAPO. PAPO is strictly on-policy (``old_log_prob = sg(log_prob)``, no
    old-policy pass). DAPO recomputes old log-probs once per batch only when ``mini_batches > 1`` (with one
    mini-batch the ratio is identically 1 and the pass would be wasted).
-6. AdamW step per mini-batch, gradient clipping, LR schedule per training step.
+6. AdamW step per mini-batch, gradient clipping, LR schedule per training step. A mini-batch runs as
+   length-sorted micro-batches of ``micro_batch_size`` rollouts (less padding); verl's ``agg_loss``
+   normalises each by the whole mini-batch's token count, so the gradient is that of one batch (tested).
 
 Around it: held-out evaluation (``eval_every``; also before training so the gain over the starting model
 is measured) with ``components.grading.judge_many``/``summarize``; checkpoints in the stage's work dir
@@ -47,6 +49,7 @@ from components.training.dapo import DynamicSampler, DynamicSamplingStats, overl
 from components.training.rl_batch import (
     Rollout,
     build_policy_batch,
+    length_sorted_micro_batches,
     response_log_probs,
     structural_rejection,
 )
@@ -250,40 +253,60 @@ class RLTrainer:
             for c in np.array_split(np.arange(len(groups)), min(self.sc.mini_batches, len(groups)))
             if len(c)
         ]
-        old_log_probs: list[torch.Tensor | None] = [None] * len(chunks)
-        index_of: list[list[int]] = []
         offsets = np.cumsum([0] + [len(g) for g in groups])
+        # Each mini-batch (one optimizer step) runs as micro-batches of similar length (less padding).
+        micro_of: list[list[list[int]]] = []
         for c in chunks:
-            index_of.append([i for gi in c for i in range(offsets[gi], offsets[gi + 1])])
+            idx = [i for gi in c for i in range(offsets[gi], offsets[gi + 1])]
+            micro_of.append(length_sorted_micro_batches(rollouts, idx, self.sc.micro_batch_size))
+        old_log_probs: dict[tuple[int, int], torch.Tensor] = {}
         if self.sc.algorithm != "papo" and len(chunks) > 1:
             # decoupled PPO: the rollout policy's log-probs, computed once before the first update
             with torch.no_grad():
-                for k, idx in enumerate(index_of):
-                    batch = build_policy_batch([rollouts[i] for i in idx], self.pad_id, parallel_tags)
-                    old_log_probs[k], _ = response_log_probs(self.model, batch, self.sc.temperature)
+                for k, micros in enumerate(micro_of):
+                    for m, idx in enumerate(micros):
+                        batch = build_policy_batch([rollouts[i] for i in idx], self.pad_id, parallel_tags)
+                        old_log_probs[k, m], _ = response_log_probs(self.model, batch, self.sc.temperature)
 
         stats: dict[str, list[float]] = {"loss": [], "grad_norm": [], "entropy": [], "clipfrac": [], "kl": []}
-        for k, idx in enumerate(index_of):
-            batch = build_policy_batch([rollouts[i] for i in idx], self.pad_id, parallel_tags)
-            log_prob, entropy = response_log_probs(self.model, batch, self.sc.temperature, with_entropy=True)
-            old = old_log_probs[k] if old_log_probs[k] is not None else log_prob.detach()
-            adv = advantages[idx][:, : log_prob.shape[1]]
-            loss, loss_metrics = compute_policy_loss(
-                self.sc.algorithm, old, log_prob, adv, batch.response_mask, self.actor_cfg
+        for k, micros in enumerate(micro_of):
+            idx_all = [i for idx in micros for i in idx]
+            n_tokens = sum(len(rollouts[i].response_ids) for i in idx_all)
+            # verl's agg_loss divides each micro-batch's sum by the whole mini-batch's token (or sequence)
+            # count, so the micro-batch losses add up to the loss of the mini-batch as one batch.
+            # (a dict field of the frozen ActorConfig, updated in place as verl's own actor does)
+            self.actor_cfg.global_batch_info.update(
+                dp_size=1, batch_num_tokens=n_tokens, global_batch_size=len(idx_all)
             )
             self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            loss_sum, entropy_sum, clip_sum, kl_sum = 0.0, 0.0, 0.0, 0.0
+            for m, idx in enumerate(micros):
+                batch = build_policy_batch([rollouts[i] for i in idx], self.pad_id, parallel_tags)
+                log_prob, entropy = response_log_probs(
+                    self.model, batch, self.sc.temperature, with_entropy=True
+                )
+                old = old_log_probs.get((k, m), log_prob.detach())
+                adv = advantages[idx][:, : log_prob.shape[1]]
+                loss, loss_metrics = compute_policy_loss(
+                    self.sc.algorithm, old, log_prob, adv, batch.response_mask, self.actor_cfg
+                )
+                loss.backward()
+                share = float(batch.response_mask.sum()) / n_tokens
+                loss_sum += loss.item()
+                assert entropy is not None
+                entropy_sum += float((entropy * batch.response_mask).sum()) / n_tokens
+                clip_sum += share * float(loss_metrics.get("actor/pg_clipfrac", 0.0))
+                kl_sum += share * float(loss_metrics.get("actor/ppo_kl", 0.0))
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.sc.grad_clip)
             if torch.isfinite(grad_norm):
                 self.optimizer.step()
             else:
                 counters["skipped_nonfinite_grad"] += 1
-            mask = batch.response_mask
-            stats["loss"].append(loss.item())
+            stats["loss"].append(loss_sum)
             stats["grad_norm"].append(float(grad_norm))
-            stats["entropy"].append(float((entropy * mask).sum() / mask.sum()))
-            stats["clipfrac"].append(float(loss_metrics.get("actor/pg_clipfrac", 0.0)))
-            stats["kl"].append(float(loss_metrics.get("actor/ppo_kl", 0.0)))
+            stats["entropy"].append(entropy_sum)
+            stats["clipfrac"].append(clip_sum)
+            stats["kl"].append(kl_sum)
         self.scheduler.step()
         counters["update_time_s"] += time.perf_counter() - start
         counters["trained_tokens"] += int(full.response_mask.sum())
@@ -294,7 +317,7 @@ class RLTrainer:
             "actor/pg_clipfrac": float(np.mean(stats["clipfrac"])),
             "actor/ppo_kl": float(np.mean(stats["kl"])),
             "actor/lr": float(self.scheduler.get_last_lr()[0]),
-            "actor/optimizer_steps": float(len(index_of)),
+            "actor/optimizer_steps": float(len(micro_of)),
         }
 
     # ----------------------------------------------------------------------------------- evaluation

@@ -11,6 +11,7 @@ through the model in a single forward (the public NPR actor loops over samples o
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +25,7 @@ from components.parallel import (
     prediction_sources,
     to_additive_mask,
 )
+from components.training.batching import length_sorted_splits
 
 
 @dataclass
@@ -116,6 +118,18 @@ def build_policy_batch(rollouts: list[Rollout], pad_id: int, tags: TagIds | None
             attention_mask[b, : len(s)] = 1
         position_ids = torch.arange(length).unsqueeze(0).expand(bs, -1).clone()
     return PolicyBatch(input_ids, attention_mask, position_ids, response_index, response_mask)
+
+
+def length_sorted_micro_batches(
+    rollouts: list[Rollout], indices: list[int], size: int | None
+) -> list[list[int]]:
+    """``indices`` (into ``rollouts``) as micro-batches of at most ``size`` rollouts of similar prompt +
+    response length (``components.training.batching``); ``size=None``: one micro-batch, in the given order."""
+    if size is not None and size < 1:
+        raise ValueError(f"micro-batch size must be >= 1, got {size}")
+    n_splits = 1 if size is None else math.ceil(len(indices) / size)
+    lengths = [len(rollouts[i].prompt_ids) + len(rollouts[i].response_ids) for i in indices]
+    return length_sorted_splits(list(indices), lengths, n_splits)
 
 
 def _model_mask(model: Any, mask: torch.Tensor) -> torch.Tensor:

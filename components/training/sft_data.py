@@ -79,7 +79,7 @@ class SFTBatch:
     Shapes: ``input_ids`` long[B, L]; ``attention_mask`` long[B, L] (sequential: padding mask, the model
     adds causality) or bool[B, 1, L, L] (parallel: True = may attend); ``position_ids`` long[B, L] or None;
     ``parents`` long[B, L] (position whose logits predict each token); ``loss_mask`` bool[B, L] (True on
-    response tokens, end-of-turn included).
+    response tokens, end-of-turn included); ``lengths`` long[B] (tokens of each row before its padding).
     """
 
     input_ids: torch.Tensor
@@ -87,6 +87,7 @@ class SFTBatch:
     position_ids: torch.Tensor | None
     parents: torch.Tensor
     loss_mask: torch.Tensor
+    lengths: torch.Tensor
 
     @property
     def n_loss_tokens(self) -> int:
@@ -95,9 +96,7 @@ class SFTBatch:
     @property
     def n_tokens(self) -> int:
         """Non-pad tokens (prompt + response)."""
-        if self.attention_mask.dim() == 2:
-            return int(self.attention_mask.sum())
-        return int(self.attention_mask[:, 0].diagonal(dim1=-2, dim2=-1).sum())
+        return int(self.lengths.sum())
 
 
 def end_of_turn_id(tokenizer: Any) -> int:
@@ -188,6 +187,7 @@ def collate(examples: Sequence[SFTExample], mode: Mode, pad_id: int, tags: Any =
         raise ValueError("collate needs at least one example")
     length = max(len(e.input_ids) for e in examples)
     batch = len(examples)
+    lengths = torch.tensor([len(e.input_ids) for e in examples], dtype=torch.long)
     input_ids = torch.full((batch, length), pad_id, dtype=torch.long)
     loss_mask = torch.zeros(batch, length, dtype=torch.bool)
     for row, example in enumerate(examples):
@@ -198,7 +198,7 @@ def collate(examples: Sequence[SFTExample], mode: Mode, pad_id: int, tags: Any =
         for row, example in enumerate(examples):
             attention_mask[row, : len(example.input_ids)] = 1
         parents = causal_parents(length).expand(batch, length).clone()
-        return SFTBatch(input_ids, attention_mask, None, parents, loss_mask)
+        return SFTBatch(input_ids, attention_mask, None, parents, loss_mask, lengths)
     if tags is None:
         raise ValueError("parallel collation needs the schema's TagIds")
     from components.parallel import batch_parallel_attention_inputs
@@ -206,4 +206,4 @@ def collate(examples: Sequence[SFTExample], mode: Mode, pad_id: int, tags: Any =
     mask, position_ids = batch_parallel_attention_inputs(
         [torch.tensor(e.input_ids) for e in examples], tags, starts=[e.n_prompt for e in examples]
     )
-    return SFTBatch(input_ids, mask, position_ids, parents_from_mask(mask), loss_mask)
+    return SFTBatch(input_ids, mask, position_ids, parents_from_mask(mask), loss_mask, lengths)

@@ -199,3 +199,34 @@ def test_settings_from_stage_config():
     s = SFTSettings.from_stage_config(cfg, n_examples=20)
     assert s.total_steps == 8 and s.warmup_steps == 1 and s.examples_per_step == 8
     assert SFTSettings.from_stage_config(cfg.model_copy(update={"max_steps": 5}), 20).total_steps == 5
+
+
+@pytest.mark.parametrize("mode", ["sequential", "parallel"])
+def test_length_splits_take_the_same_step_as_one_pass(world, mode):
+    from components.training.sft import _train_step
+
+    model, tokenizer = world
+    tags = TagIds.from_tokenizer(tokenizer, "npr") if mode == "parallel" else None
+    examples = _examples(tokenizer, 8, mode, seed=3)
+    assert len({len(e.input_ids) for e in examples}) > 1
+    deltas, records = [], []
+    for splits in (1, 3):
+        copy = type(model)(model.config)
+        copy.load_state_dict(model.state_dict())
+        # plain SGD at lr 1: the weight change is the gradient itself
+        optimizer = torch.optim.SGD(copy.parameters(), lr=1.0)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+        settings = SFTSettings(
+            mode=mode, total_steps=1, batch_size=8, lr=1.0, grad_clip=1e9, length_splits=splits
+        )
+        records.append(
+            _train_step(copy, optimizer, scheduler, examples, settings, tokenizer.pad_token_id, tags)
+        )
+        deltas.append({k: v - model.state_dict()[k] for k, v in copy.state_dict().items()})
+    assert records[0]["loss_tokens"] == records[1]["loss_tokens"]
+    assert records[1]["loss"] == pytest.approx(records[0]["loss"], rel=1e-5)
+    assert records[1]["tokens"] == records[0]["tokens"]
+    assert records[1]["padded_tokens"] < records[0]["padded_tokens"]  # what the splits are for
+    for key, delta in deltas[0].items():
+        scale = float(delta.abs().max())
+        torch.testing.assert_close(deltas[1][key], delta, rtol=0, atol=1e-4 * scale + 1e-10, msg=key)

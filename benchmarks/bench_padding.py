@@ -1,0 +1,156 @@
+"""Length-sorted micro-batches vs one padded batch, measured side by side in one run (same gradient).
+
+1. SFT: one tiny-profile seed step (32 examples from the seed stage's own step source), forward + backward +
+   AdamW, as one padded batch vs the same examples in 2 and 4 length-sorted passes (``length_splits``).
+2. RL: one local-trainer update (``RLTrainer._update``, DAPO, 16 groups x 8) as one padded batch vs
+   length-sorted micro-batches of 32 (``micro_batch_size``). The rollouts are rendered solutions of the
+   synthetic tasks, sequential and parallel, with one in 64 run out to the 96-token budget as real rollouts
+   do (``response_length/clip_ratio`` ~1%): the longest row sets the padded width of a one-batch update.
+
+Timings are medians over interleaved repeats, so machine load hits every variant alike.
+
+    .venv/bin/python benchmarks/bench_padding.py [--repeats 7] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from components.config import load_config  # noqa: E402
+from components.data import synthetic  # noqa: E402
+from components.models.tiny import build_tiny_model, train_tokenizer  # noqa: E402
+from components.prompts import render_prompt  # noqa: E402
+from components.stages.seed import SeedSource, tokenizer_corpus  # noqa: E402
+from components.training.rl import RLTrainer  # noqa: E402
+from components.training.rl_batch import Rollout  # noqa: E402
+from components.training.sft import SFTSettings, _train_step, build_optimizer, build_scheduler  # noqa: E402
+
+
+def padding(lengths_per_batch: list[list[int]]) -> float:
+    padded = sum(max(b) * len(b) for b in lengths_per_batch)
+    return 1 - sum(sum(b) for b in lengths_per_batch) / padded
+
+
+def sft_steps(cfg, tok, repeats: int) -> None:
+    model = build_tiny_model(
+        cfg.models.tiny, tok, 0, pad_vocab_to_multiple_of=cfg.models.pad_embeddings_to_multiple_of
+    )
+    model.train()
+    source = SeedSource(cfg, tok, set())
+    steps = [source(k) for k in range(repeats + 1)]
+    times: dict[int, list[float]] = {1: [], 2: [], 4: []}
+    optimizers = {}
+    for splits in times:
+        s = SFTSettings(
+            mode="sequential", total_steps=10**6, batch_size=len(steps[0]), lr=1e-4, length_splits=splits
+        )
+        opt = build_optimizer(model, s)
+        optimizers[splits] = (s, opt, build_scheduler(opt, s))
+    for k, examples in enumerate(steps):
+        for splits, (s, opt, sched) in optimizers.items():
+            t0 = time.perf_counter()
+            record = _train_step(model, opt, sched, examples, s, tok.pad_token_id, None)
+            if k:  # the first round warms up
+                times[splits].append(time.perf_counter() - t0)
+            if k == 1:
+                print(
+                    f"  splits {splits}: padding {1 - record['tokens'] / record['padded_tokens']:.1%}", end=""
+                )
+        if k == 1:
+            print()
+    base = statistics.median(times[1])
+    print(f"SFT seed step, {len(steps[0])} examples, median of {repeats}:")
+    for splits, ts in times.items():
+        print(
+            f"  {splits} pass(es): {statistics.median(ts) * 1e3:7.1f} ms   vs one batch {statistics.median(ts) / base:.3f}x"
+        )
+
+
+def rollouts(cfg, tok, n_groups: int, group: int) -> list[list[Rollout]]:
+    rng = random.Random(0)
+    problems = synthetic.generate_problems(n_groups, 11, None)
+    out = []
+    for g, p in enumerate(problems):
+        prompt_ids = tok.encode(
+            render_prompt(tok, p["problem"], cfg.prompts, "parallel"), add_special_tokens=False
+        )
+        rows = []
+        for j in range(group):
+            text = synthetic.render_solution(p, rng.choice(["sequential", "parallel"]), rng)
+            ids = tok.encode(text, add_special_tokens=False) + [tok.eos_token_id]
+            if (g * group + j) % 64 == 5:  # a rambling sample run out to the token budget
+                ids = (ids * 4)[:96]
+            rows.append(
+                Rollout(
+                    group_id=f"g{g}",
+                    problem_id=p["id"],
+                    answer=p["answer"],
+                    prompt_ids=prompt_ids,
+                    response_ids=ids[:96],
+                    text=text,
+                    finish_reason="stop",
+                    parallel_taken=False,
+                    reward=float(rng.choice([-1.0, 1.0])),
+                )
+            )
+        out.append(rows)
+    return out
+
+
+def rl_updates(cfg, tok, repeats: int) -> None:
+    groups = rollouts(cfg, tok, 16, 8)
+    lengths = [len(r.prompt_ids) + len(r.response_ids) for g in groups for r in g]
+    problems = synthetic.generate_problems(4, 1, None)
+    trainers = {}
+    for micro in (None, 32):
+        c = load_config(
+            profile="tiny", overrides=[f"npr_zero.micro_batch_size={micro or 'null'}", "npr_zero.lr=1e-7"]
+        )
+        model = build_tiny_model(
+            cfg.models.tiny, tok, 0, pad_vocab_to_multiple_of=cfg.models.pad_embeddings_to_multiple_of
+        )
+        trainers[micro] = RLTrainer(
+            "npr_zero", c, model, tok, problems, problems, Path("/tmp/npr-bench-padding") / str(micro)
+        )
+    times: dict[int | None, list[float]] = {m: [] for m in trainers}
+    for k in range(repeats + 1):
+        for micro, trainer in trainers.items():
+            t0 = time.perf_counter()
+            trainer._update(groups, Counter())
+            if k:
+                times[micro].append(time.perf_counter() - t0)
+    ordered = sorted(lengths)
+    quarters = [ordered[i * 32 : (i + 1) * 32] for i in range(4)]
+    print(f"RL update, 128 rollouts (rows {min(lengths)}-{max(lengths)} tokens), median of {repeats}:")
+    print(f"  padding: one batch {padding([lengths]):.1%}, 4 sorted micro-batches {padding(quarters):.1%}")
+    one, micro = statistics.median(times[None]), statistics.median(times[32])
+    print(
+        f"  one batch {one * 1e3:7.1f} ms   micro-batches of 32 {micro * 1e3:7.1f} ms   ratio {micro / one:.3f}x"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    cfg = load_config(profile="tiny")
+    tok = train_tokenizer(tokenizer_corpus(cfg), cfg.models.tiny.tokenizer_vocab_size, cfg.schema_name)
+    sft_steps(cfg, tok, args.repeats)
+    rl_updates(cfg, tok, args.repeats)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""The RL update in length-sorted micro-batches takes the same optimizer step as one batch."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+import torch
+
+from components.config import load_config
+from components.data.synthetic import generate_problems
+from components.training.rl import RLTrainer
+from components.training.rl_batch import Rollout, length_sorted_micro_batches
+
+
+@pytest.fixture(scope="module")
+def world():
+    from components.models.tiny import tiny_test_world
+
+    return tiny_test_world(seed=0)
+
+
+def _groups(vocab: int, n_groups: int = 3, size: int = 4) -> list[list[Rollout]]:
+    rng = random.Random(0)
+    groups = []
+    for g in range(n_groups):
+        prompt = [rng.randrange(5, vocab) for _ in range(rng.randint(6, 20))]
+        groups.append(
+            [
+                Rollout(
+                    group_id=f"g{g}",
+                    problem_id=f"p{g}",
+                    answer="1",
+                    prompt_ids=prompt,
+                    response_ids=[rng.randrange(5, vocab) for _ in range(rng.randint(2, 30))],
+                    text="",
+                    finish_reason="stop",
+                    parallel_taken=False,
+                    reward=float(rng.choice([-1.0, 1.0, 0.5])),
+                )
+                for _ in range(size)
+            ]
+        )
+    return groups
+
+
+@pytest.mark.parametrize(
+    ("stage", "extra"),
+    [
+        ("npr_zero", ["npr_zero.mini_batches=2"]),  # DAPO, two optimizer steps with old log-probs
+        ("papo_rl", ["papo_rl.engine_mode=sequential"]),  # PAPO's loss on a plain causal layout
+    ],
+)
+def test_micro_batched_update_equals_one_batch(world, tmp_path, stage, extra):
+    model, tok = world
+    problems = generate_problems(4, seed=1)
+    results = []
+    for micro in (None, 3):
+        cfg = load_config(
+            profile="tiny",
+            overrides=[*extra, f"{stage}.lr=1e-2", f"{stage}.micro_batch_size={micro or 'null'}"],
+        )
+        copy = type(model)(model.config)
+        copy.load_state_dict(model.state_dict())
+        trainer = RLTrainer(stage, cfg, copy, tok, problems, problems, tmp_path / str(micro))
+        stats = trainer._update(_groups(len(tok)), Counter())
+        results.append((stats, {n: q.grad.clone() for n, q in copy.named_parameters()}))
+    (one, g_one), (micro, g_micro) = results
+    assert sum(float(g.abs().sum()) for g in g_one.values()) > 0, "the loss must have a gradient"
+    for key in g_one:  # the (last) optimizer step's gradient; Adam would magnify rounding in near-zero ones
+        scale = float(g_one[key].abs().max())
+        torch.testing.assert_close(g_micro[key], g_one[key], rtol=0, atol=1e-4 * scale + 1e-10, msg=key)
+    for name in ("actor/pg_loss", "actor/entropy", "actor/grad_norm", "actor/optimizer_steps"):
+        assert micro[name] == pytest.approx(one[name], rel=1e-4, abs=1e-7), name
+
+
+def test_micro_batches_are_length_sorted_and_cover_every_rollout(world):
+    _, tok = world
+    rollouts = [r for g in _groups(len(tok), 4, 5) for r in g]
+    idx = list(range(len(rollouts)))
+    parts = length_sorted_micro_batches(rollouts, idx, 6)
+    assert [len(p) for p in parts] == [5, 5, 5, 5] and sorted(i for p in parts for i in p) == idx
+
+    def length(i):
+        return len(rollouts[i].prompt_ids) + len(rollouts[i].response_ids)
+
+    assert all(max(map(length, a)) <= min(map(length, b)) for a, b in zip(parts, parts[1:], strict=False))
+    assert length_sorted_micro_batches(rollouts, idx, None) == [idx]
+    with pytest.raises(ValueError, match=">= 1"):
+        length_sorted_micro_batches(rollouts, idx, 0)
