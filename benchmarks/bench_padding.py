@@ -2,10 +2,11 @@
 
 1. SFT: one tiny-profile seed step (32 examples from the seed stage's own step source), forward + backward +
    AdamW, as one padded batch vs the same examples in 2 and 4 length-sorted passes (``length_splits``).
-2. RL: one local-trainer update (``RLTrainer._update``, DAPO, 16 groups x 8) as one padded batch vs
-   length-sorted micro-batches of 32 (``micro_batch_size``). The rollouts are rendered solutions of the
-   synthetic tasks, sequential and parallel, with one in 64 run out to the 96-token budget as real rollouts
-   do (``response_length/clip_ratio`` ~1%): the longest row sets the padded width of a one-batch update.
+2. RL: one local-trainer update (``RLTrainer._update``, 16 groups x 8) as one padded batch vs
+   length-sorted micro-batches of 32 (``micro_batch_size``): DAPO on causal rows (NPR-Zero, SR) and PAPO on
+   the parallel layout (4D masks). The rollouts are rendered solutions of the synthetic tasks (DAPO:
+   sequential and parallel text, one in 64 run out to the 96-token budget as real rollouts do,
+   ``response_length/clip_ratio`` ~1%, so the longest row sets the padded width; PAPO: parallel traces).
 
 Timings are medians over interleaved repeats, so machine load hits every variant alike.
 
@@ -77,7 +78,7 @@ def sft_steps(cfg, tok, repeats: int) -> None:
         )
 
 
-def rollouts(cfg, tok, n_groups: int, group: int) -> list[list[Rollout]]:
+def rollouts(cfg, tok, n_groups: int, group: int, parallel_only: bool = False) -> list[list[Rollout]]:
     rng = random.Random(0)
     problems = synthetic.generate_problems(n_groups, 11, None)
     out = []
@@ -87,9 +88,10 @@ def rollouts(cfg, tok, n_groups: int, group: int) -> list[list[Rollout]]:
         )
         rows = []
         for j in range(group):
-            text = synthetic.render_solution(p, rng.choice(["sequential", "parallel"]), rng)
+            style = "parallel" if parallel_only else rng.choice(["sequential", "parallel"])
+            text = synthetic.render_solution(p, style, rng)
             ids = tok.encode(text, add_special_tokens=False) + [tok.eos_token_id]
-            if (g * group + j) % 64 == 5:  # a rambling sample run out to the token budget
+            if not parallel_only and (g * group + j) % 64 == 5:  # rambling, run out to the budget
                 ids = (ids * 4)[:96]
             rows.append(
                 Rollout(
@@ -108,20 +110,20 @@ def rollouts(cfg, tok, n_groups: int, group: int) -> list[list[Rollout]]:
     return out
 
 
-def rl_updates(cfg, tok, repeats: int) -> None:
-    groups = rollouts(cfg, tok, 16, 8)
+def rl_updates(cfg, tok, repeats: int, stage: str) -> None:
+    groups = rollouts(cfg, tok, 16, 8, parallel_only=stage == "papo_rl")
     lengths = [len(r.prompt_ids) + len(r.response_ids) for g in groups for r in g]
     problems = synthetic.generate_problems(4, 1, None)
     trainers = {}
     for micro in (None, 32):
         c = load_config(
-            profile="tiny", overrides=[f"npr_zero.micro_batch_size={micro or 'null'}", "npr_zero.lr=1e-7"]
+            profile="tiny", overrides=[f"{stage}.micro_batch_size={micro or 'null'}", f"{stage}.lr=1e-7"]
         )
         model = build_tiny_model(
             cfg.models.tiny, tok, 0, pad_vocab_to_multiple_of=cfg.models.pad_embeddings_to_multiple_of
         )
         trainers[micro] = RLTrainer(
-            "npr_zero", c, model, tok, problems, problems, Path("/tmp/npr-bench-padding") / str(micro)
+            stage, c, model, tok, problems, problems, Path("/tmp/npr-bench-padding") / str(micro)
         )
     times: dict[int | None, list[float]] = {m: [] for m in trainers}
     for k in range(repeats + 1):
@@ -132,7 +134,10 @@ def rl_updates(cfg, tok, repeats: int) -> None:
                 times[micro].append(time.perf_counter() - t0)
     ordered = sorted(lengths)
     quarters = [ordered[i * 32 : (i + 1) * 32] for i in range(4)]
-    print(f"RL update, 128 rollouts (rows {min(lengths)}-{max(lengths)} tokens), median of {repeats}:")
+    layout = "parallel layout" if stage == "papo_rl" else "causal rows"
+    print(
+        f"RL update ({stage}, {layout}), 128 rollouts of {min(lengths)}-{max(lengths)} tokens, median of {repeats}:"
+    )
     print(f"  padding: one batch {padding([lengths]):.1%}, 4 sorted micro-batches {padding(quarters):.1%}")
     one, micro = statistics.median(times[None]), statistics.median(times[32])
     print(
@@ -149,7 +154,8 @@ def main() -> None:
     cfg = load_config(profile="tiny")
     tok = train_tokenizer(tokenizer_corpus(cfg), cfg.models.tiny.tokenizer_vocab_size, cfg.schema_name)
     sft_steps(cfg, tok, args.repeats)
-    rl_updates(cfg, tok, args.repeats)
+    for stage in ("npr_zero", "papo_rl"):
+        rl_updates(cfg, tok, args.repeats, stage)
 
 
 if __name__ == "__main__":

@@ -51,6 +51,7 @@ from components.training.rl_batch import (
     build_policy_batch,
     length_sorted_micro_batches,
     response_log_probs,
+    response_mask_of,
     structural_rejection,
 )
 from components.training.rl_objective import actor_config, compute_advantages, compute_policy_loss
@@ -243,9 +244,10 @@ class RLTrainer:
         rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float32)
         uids = [r.group_id for r in rollouts]
         parallel_tags = self.tags if self.sc.engine_mode == "parallel" else None
-        full = build_policy_batch(rollouts, self.pad_id, parallel_tags)
+        # the advantages need only the response layout: no attention inputs for the whole batch
+        response_mask = response_mask_of(rollouts)
         advantages = compute_advantages(
-            self.sc.algorithm, rewards, full.response_mask, uids, self.sc.norm_adv_by_std
+            self.sc.algorithm, rewards, response_mask, uids, self.sc.norm_adv_by_std
         )
 
         chunks = [
@@ -309,7 +311,7 @@ class RLTrainer:
             stats["kl"].append(kl_sum)
         self.scheduler.step()
         counters["update_time_s"] += time.perf_counter() - start
-        counters["trained_tokens"] += int(full.response_mask.sum())
+        counters["trained_tokens"] += int(response_mask.sum())
         return {
             "actor/pg_loss": float(np.mean(stats["loss"])),
             "actor/grad_norm": float(np.mean(stats["grad_norm"])),

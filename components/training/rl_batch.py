@@ -82,6 +82,14 @@ def structural_rejection(rollout: Rollout, tags: TagIds) -> str | None:
     return None
 
 
+def response_mask_of(rollouts: list[Rollout]) -> torch.Tensor:
+    """``(bs, R)`` float mask of the response tokens, ``R`` = the longest response (a PolicyBatch's layout)."""
+    mask = torch.zeros(len(rollouts), max(len(r.response_ids) for r in rollouts), dtype=torch.float32)
+    for b, r in enumerate(rollouts):
+        mask[b, : len(r.response_ids)] = 1.0
+    return mask
+
+
 def build_policy_batch(rollouts: list[Rollout], pad_id: int, tags: TagIds | None = None) -> PolicyBatch:
     """Pad rollouts into a ``PolicyBatch``; with ``tags`` the attention is the parallel 4D mask.
 
@@ -100,13 +108,11 @@ def build_policy_batch(rollouts: list[Rollout], pad_id: int, tags: TagIds | None
     input_ids = torch.full((bs, length), pad_id, dtype=torch.long)
     for b, s in enumerate(seqs):
         input_ids[b, : len(s)] = torch.tensor(s, dtype=torch.long)
-    response_mask = torch.zeros(bs, resp_len, dtype=torch.float32)
+    response_mask = response_mask_of(rollouts)
     response_index = torch.zeros(bs, resp_len, dtype=torch.long)
-    for b, r in enumerate(rollouts):
-        n = len(r.response_ids)
-        response_mask[b, :n] = 1.0
+    for b, seq in enumerate(seqs):
         # padding columns point at the row's last real token; they are masked out of every loss
-        response_index[b] = torch.clamp(torch.arange(resp_len) + starts[b], max=len(seqs[b]) - 1)
+        response_index[b] = torch.clamp(torch.arange(resp_len) + starts[b], max=len(seq) - 1)
 
     if tags is not None:
         attention_mask, position_ids = batch_parallel_attention_inputs(
