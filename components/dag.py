@@ -126,6 +126,29 @@ def stage_order(path: Path = DVC_FILE) -> list[str]:
     return order
 
 
+def ancestors(specs: dict[str, StageSpec], stage: str) -> set[str]:
+    """Every stage ``stage`` depends on, directly or through others."""
+    seen: set[str] = set()
+    todo = [u for u in specs[stage].upstream if u in specs]
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo.extend(u for u in specs[name].upstream if u in specs)
+    return seen
+
+
+def independent_stages(specs: dict[str, StageSpec]) -> set[str]:
+    """Stages that may run at the same time as another one: neither depends on the other (on the NPR DAG,
+    the NPR branch parallel_warmup -> papo_rl and the SR branch sequential_warmup -> sr_rl)."""
+    up = {name: ancestors(specs, name) for name in specs}
+    return {
+        a
+        for a in specs
+        if any(b != a and b not in up[a] and a not in up[b] for b in specs)
+    }
+
+
 def stage_io(stage: str, path: Path = DVC_FILE) -> StageIO:
     specs = load_stages(path)
     if stage not in specs:

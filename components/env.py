@@ -19,6 +19,25 @@ QUIET_DEFAULTS = {
 }
 
 
+# Set by the pipeline flow for a stage that runs beside another, so the two share the cores (one thread
+# each on 2 cores) instead of oversubscribing them; overrides run.torch_threads in that stage's process.
+THREADS_ENV = "NPR_TORCH_THREADS"
+
+
+def torch_threads(configured: int) -> int:
+    """``configured`` (run.torch_threads), or the flow's share in ``NPR_TORCH_THREADS`` when set."""
+    raw = os.environ.get(THREADS_ENV)
+    if raw is None or raw == "":
+        return configured
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"{THREADS_ENV}={raw!r}: expected a positive integer")
+    return value
+
+
 def hub_reachable(host: str = "huggingface.co", timeout_s: float = 1.5) -> bool:
     """A cheap check (DNS + TCP connect) used to decide HF offline mode when the user did not."""
     try:

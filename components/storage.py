@@ -134,7 +134,9 @@ def remote_uri(path: str, cfg: Any, root: Path | str | None = None) -> str:
 def _content_uri(root: Path, remote: str, md5: str) -> str:
     from dvc.repo import Repo
 
-    with Repo(str(root)) as repo:
+    # _wait_for_lock (`dvc --wait-for-lock`): stages of independent branches may run, push and pull at once
+
+    with Repo(str(root), _wait_for_lock=True) as repo:
         conf = repo.config["remote"].get(remote)
         if conf is None:
             raise StorageError(f"DVC remote {remote!r} is not configured in {root / '.dvc/config'}")
@@ -205,7 +207,7 @@ def _push_and_verify(root: Path, stages: list[str], storage: StorageConfig) -> i
 
     # DVC resolves targets against the working directory, not the repo: name stages by absolute path.
     targets = [f"{root / 'dvc.yaml'}:{stage}" for stage in stages]
-    with Repo(str(root)) as repo:
+    with Repo(str(root), _wait_for_lock=True) as repo:
         pushed = repo.push(targets=targets, remote=storage.remote, run_cache=True, jobs=storage.jobs)
         # DVC can finish a push while an object is still absent (e.g. missing from the local cache);
         # only what the remote is seen to hold counts as pushed.
@@ -283,7 +285,7 @@ def pull_stage_inputs(stage: str, cfg: Any, root: Path | str | None = None) -> d
     def pull() -> dict[str, Any]:
         from dvc.repo import Repo
 
-        with Repo(str(root)) as repo:
+        with Repo(str(root), _wait_for_lock=True) as repo:
             targets = [str(root / p) for p in missing]  # absolute: DVC resolves targets against the cwd
             return (repo.pull(targets=targets, remote=storage.remote, jobs=storage.jobs) or {}).get(
                 "stats", {}

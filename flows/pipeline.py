@@ -1,9 +1,16 @@
-"""The pipeline flow: one Prefect task per dvc.yaml stage, in dvc.yaml's order.
+"""The pipeline flow: one Prefect task per dvc.yaml stage, each started when its upstream stages are done.
 
-The stage list is read from dvc.yaml (never written here), so the flow and `dvc repro` cannot drift. Each
-task's version is the stage fingerprint (its code + params); the task runs the stage through DVC, pushes its
-outputs and publishes its metrics as a Prefect artifact. Stages named in `orchestration.gpu_stages` are
-dispatched to the `npr-stage` deployment on the gpu work pool instead of running in this process.
+The stage list and its dependencies are read from dvc.yaml (never written here), so the flow and `dvc repro`
+cannot drift. Each task's version is the stage fingerprint (its code + params); the task runs the stage
+through DVC, pushes its outputs and publishes its metrics as a Prefect artifact. Stages named in
+`orchestration.gpu_stages` are dispatched to the `npr-stage` deployment on the gpu work pool instead of
+running in this process.
+
+With `orchestration.max_parallel_stages: 1` the stages run one after another in dvc.yaml's topological
+order. Above 1, independent branches (the NPR and SR branches) run at the same time, at most that many
+stages at once; those stages get `run.torch_threads / max_parallel_stages` torch threads each (the
+``NPR_TORCH_THREADS`` of their process). DVC allows it: `dvc repro` holds the repository lock only while it
+checks and records a stage, not while the stage's command runs, and the flow passes `--wait-for-lock`.
 """
 
 from __future__ import annotations
@@ -11,6 +18,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -18,13 +26,18 @@ from typing import Any
 from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
+from prefect.task_runners import ThreadPoolTaskRunner
 
 from components.config import PipelineConfig
-from components.dag import load_stages, stage_order
+from components.dag import independent_stages, load_stages, stage_order
 from components.fingerprint import stage_fingerprint
 from flows.stage import _dvc, ensure_profile, execute_stage
 
 NPR_STAGE_DEPLOYMENT = "npr-stage/npr-stage"
+# Most stages the flow's thread pool could ever run at once; orchestration.max_parallel_stages limits it.
+MAX_WORKERS = 8
+# Per flow run: a semaphore of max_parallel_stages slots, shared by that run's task threads.
+_SLOTS: dict[str, threading.BoundedSemaphore] = {}
 
 
 def _metrics_markdown(stage: str, metrics: dict[str, Any]) -> str:
@@ -33,8 +46,36 @@ def _metrics_markdown(stage: str, metrics: dict[str, Any]) -> str:
     return f"## Stage `{stage}`\n\n{body}\n"
 
 
-def run_stage_in_flow(stage: str, profile: str, fingerprint: str, gpu: bool, pipeline_run_id: str) -> dict[str, Any]:
-    """Run one stage (DVC decides staleness), then publish its metrics (and the report, if it wrote one)."""
+def run_stage_in_flow(
+    stage: str,
+    profile: str,
+    fingerprint: str,
+    gpu: bool,
+    pipeline_run_id: str,
+    torch_threads: int | None = None,
+) -> dict[str, Any]:
+    """Run one stage (DVC decides staleness), then publish its metrics (and the report, if it wrote one).
+
+    Returns ``{"metrics": ..., "wall_s": ...}``; ``torch_threads`` overrides run.torch_threads for a stage
+    that runs beside another one.
+    """
+    slots = _SLOTS.get(pipeline_run_id)
+    if slots is not None:
+        slots.acquire()
+    start = time.perf_counter()
+    try:
+        metrics = _run_stage(stage, profile, gpu, pipeline_run_id, torch_threads)
+    finally:
+        wall = round(time.perf_counter() - start, 1)
+        if slots is not None:
+            slots.release()
+    _publish(stage, fingerprint, metrics)
+    return {"metrics": metrics, "wall_s": wall}
+
+
+def _run_stage(
+    stage: str, profile: str, gpu: bool, pipeline_run_id: str, torch_threads: int | None
+) -> dict[str, Any]:
     if gpu:
         from prefect.deployments import run_deployment
 
@@ -47,25 +88,38 @@ def run_stage_in_flow(stage: str, profile: str, fingerprint: str, gpu: bool, pip
             raise RuntimeError(f"stage {stage} on the gpu pool ended in {run.state}")
         from flows.stage import stage_metrics
 
-        metrics = stage_metrics(stage)
-    else:
-        from components.config import load_config
+        return stage_metrics(stage)
+    from components.config import load_config
 
-        metrics = execute_stage(stage, load_config(), pipeline_run_id)
+    return execute_stage(stage, load_config(), pipeline_run_id, torch_threads)
+
+
+def _publish(stage: str, fingerprint: str, metrics: dict[str, Any]) -> None:
     key = stage.replace("_", "-")
-    create_markdown_artifact(key=f"{key}-metrics", markdown=_metrics_markdown(stage, metrics),
-                             description=f"{stage} metrics (fingerprint {fingerprint})")
+    create_markdown_artifact(
+        key=f"{key}-metrics",
+        markdown=_metrics_markdown(stage, metrics),
+        description=f"{stage} metrics (fingerprint {fingerprint})",
+    )
     report = Path("artifacts") / stage / "report" / "report.md"
     if report.exists():
-        create_markdown_artifact(key=f"{key}-report", markdown=report.read_text(), description=f"{stage} report")
-    return metrics
+        create_markdown_artifact(
+            key=f"{key}-report", markdown=report.read_text(), description=f"{stage} report"
+        )
 
 
 def timing_markdown(stage_wall_s: dict[str, float], total_s: float) -> str:
     """The run's wall-time table: each stage's task (DVC check, run or skip, push) and the whole pipeline."""
     rows = [f"| {name} | {wall:.1f} |" for name, wall in stage_wall_s.items()]
     return "\n".join(
-        ["## Pipeline wall time", "", "| stage | wall s |", "|---|---|", *rows, f"| **total** | **{total_s:.1f}** |"]
+        [
+            "## Pipeline wall time",
+            "",
+            "| stage | wall s |",
+            "|---|---|",
+            *rows,
+            f"| **total** | **{total_s:.1f}** |",
+        ]
     )
 
 
@@ -78,7 +132,9 @@ def record_timing(run_id: str, profile: str, stage_wall_s: dict[str, float], tot
     markdown = timing_markdown(stage_wall_s, total_s)
     print(markdown)
     if flow_run.get_id():
-        create_markdown_artifact(key="pipeline-timing", markdown=markdown, description=f"{profile} run {run_id}")
+        create_markdown_artifact(
+            key="pipeline-timing", markdown=markdown, description=f"{profile} run {run_id}"
+        )
     return out
 
 
@@ -94,13 +150,18 @@ def plan(cfg: PipelineConfig, stages: list[str]) -> list[str]:
     for name in stages:
         where = "gpu pool" if name in cfg.orchestration.gpu_stages else "local"
         state = "stale" if any(s == name or s.endswith(f":{name}") for s in stale) else "up to date"
-        lines.append(f"  {name:<18} {where:<8} {state:<10} version {stage_fingerprint(specs[name], cfg)}  $ {specs[name].cmd}")
+        lines.append(
+            f"  {name:<18} {where:<8} {state:<10} version {stage_fingerprint(specs[name], cfg)}  $ {specs[name].cmd}"
+        )
     return lines
 
 
-@flow(name="npr-pipeline", log_prints=True)
-def npr_pipeline(profile: str = "tiny", stages: list[str] | None = None, overrides: list[str] | None = None) -> dict:
-    """Run the NPR pipeline (all stages, or the selected ones, in dvc.yaml order) for a profile.
+@flow(name="npr-pipeline", log_prints=True, task_runner=ThreadPoolTaskRunner(max_workers=MAX_WORKERS))
+def npr_pipeline(
+    profile: str = "tiny", stages: list[str] | None = None, overrides: list[str] | None = None
+) -> dict:
+    """Run the NPR pipeline (all stages, or the selected ones) for a profile; each stage starts when its
+    upstream stages are done, independent branches at once up to orchestration.max_parallel_stages.
 
     Args:
         profile: configs/<profile>.yaml to run (materialised into params.yaml when it differs).
@@ -115,22 +176,49 @@ def npr_pipeline(profile: str = "tiny", stages: list[str] | None = None, overrid
         raise ValueError(f"unknown stage(s) {unknown}; dvc.yaml has {order}")
     specs = load_stages()
     run_id = str(flow_run.get_id() or "local")
-    results: dict[str, Any] = {}
-    stage_wall_s: dict[str, float] = {}
+    parallel = cfg.orchestration.max_parallel_stages
+    threads = stage_threads(cfg, selected, specs)
+    _SLOTS[run_id] = threading.BoundedSemaphore(parallel)
+    futures: dict[str, Any] = {}
     started = time.perf_counter()
-    for name in selected:
-        timeout = cfg.orchestration.timeout_for(name)
-        fingerprint = stage_fingerprint(specs[name], cfg)
-        # One task object per stage so its version (code + params fingerprint) is recorded on the run.
-        runner = task(
-            run_stage_in_flow, name=f"stage-{name}", version=fingerprint, timeout_seconds=timeout,
-            retries=cfg.orchestration.retries, retry_delay_seconds=cfg.orchestration.retry_delay_s, log_prints=True,
-        )
-        stage_start = time.perf_counter()
-        results[name] = runner(name, cfg.profile, fingerprint, name in cfg.orchestration.gpu_stages, run_id)
-        stage_wall_s[name] = round(time.perf_counter() - stage_start, 1)
+    try:
+        for k, name in enumerate(selected):
+            timeout = cfg.orchestration.timeout_for(name)
+            fingerprint = stage_fingerprint(specs[name], cfg)
+            # One task object per stage so its version (code + params fingerprint) is recorded on the run.
+            runner = task(
+                run_stage_in_flow,
+                name=f"stage-{name}",
+                version=fingerprint,
+                timeout_seconds=timeout,
+                retries=cfg.orchestration.retries,
+                retry_delay_seconds=cfg.orchestration.retry_delay_s,
+                log_prints=True,
+            )
+            # one at a time: after the previous stage; in parallel: after the upstream stages only
+            after = [futures[u] for u in specs[name].upstream if u in futures] if parallel > 1 else []
+            if parallel == 1 and k:
+                after = [futures[selected[k - 1]]]
+            gpu = name in cfg.orchestration.gpu_stages
+            futures[name] = runner.submit(
+                name, cfg.profile, fingerprint, gpu, run_id, threads.get(name), wait_for=after
+            )
+        outcomes = {name: future.result() for name, future in futures.items()}
+    finally:
+        _SLOTS.pop(run_id, None)
+    stage_wall_s = {name: outcomes[name]["wall_s"] for name in selected}
     record_timing(run_id, cfg.profile, stage_wall_s, round(time.perf_counter() - started, 1))
-    return results
+    return {name: outcomes[name]["metrics"] for name in selected}
+
+
+def stage_threads(cfg: PipelineConfig, selected: list[str], specs: dict[str, Any]) -> dict[str, int]:
+    """Torch threads of the stages that may run beside another one (the rest use run.torch_threads)."""
+    parallel = cfg.orchestration.max_parallel_stages
+    if parallel == 1:
+        return {}
+    chosen = {name: specs[name] for name in selected}
+    share = max(1, cfg.run.torch_threads // parallel)
+    return {name: share for name in independent_stages(chosen)}
 
 
 if __name__ == "__main__":

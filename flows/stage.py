@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections import deque
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from prefect import flow, get_run_logger
 
 from components.config import PipelineConfig, load_config, materialise_profile
 from components.dag import load_stages
+from components.env import THREADS_ENV
 
 
 class StageFailed(RuntimeError):
@@ -47,20 +49,30 @@ def stage_metrics(stage: str) -> dict[str, Any]:
     return json.loads(Path(spec.metrics[0]).read_text())
 
 
-def execute_stage(stage: str, cfg: PipelineConfig, pipeline_run_id: str | None = None) -> dict[str, Any]:
-    """Pull missing inputs, `dvc repro --single-item`, push outputs; returns the stage's metrics."""
+def execute_stage(
+    stage: str, cfg: PipelineConfig, pipeline_run_id: str | None = None, torch_threads: int | None = None
+) -> dict[str, Any]:
+    """Pull missing inputs, `dvc repro --single-item`, push outputs; returns the stage's metrics.
+
+    ``torch_threads`` (a stage running beside another) becomes the stage process's ``NPR_TORCH_THREADS``.
+    """
     from components import storage
 
+    started = time.perf_counter()
     if cfg.storage.pull_inputs:
         storage.pull_stage_inputs(stage, cfg)
+    pulled = time.perf_counter()
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     if pipeline_run_id:
         env["NPR_PIPELINE_RUN_ID"] = pipeline_run_id
+    if torch_threads is not None:
+        env[THREADS_ENV] = str(torch_threads)
     # Stream the stage's output live (progress bars, metrics) and keep the tail for the error message.
     tail: deque[str] = deque(maxlen=25)
     with subprocess.Popen(
-        [_dvc(), "repro", "--single-item", stage], env=env, text=True,
+        # --wait-for-lock: another branch's `dvc repro` may hold the lock while it checks or records its stage
+        [_dvc(), "--wait-for-lock", "repro", "--single-item", stage], env=env, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, bufsize=1,
     ) as proc:
         assert proc.stdout is not None
@@ -70,8 +82,14 @@ def execute_stage(stage: str, cfg: PipelineConfig, pipeline_run_id: str | None =
             tail.append(line.rstrip("\n"))
     if proc.returncode != 0:
         raise StageFailed(f"stage {stage} failed (dvc repro exit {proc.returncode}):\n" + "\n".join(tail))
+    reproduced = time.perf_counter()
     if cfg.storage.push_after_stage:
         storage.push_stage_outputs(stage, cfg)
+    # Where a stage task's time goes, beside the stage's own wall_time_s in its metrics.json.
+    print(
+        f"stage {stage}: pull {pulled - started:.1f} s, dvc repro {reproduced - pulled:.1f} s, "
+        f"push {time.perf_counter() - reproduced:.1f} s"
+    )
     return stage_metrics(stage)
 
 

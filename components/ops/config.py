@@ -50,6 +50,10 @@ class OrchestrationConfig(StrictModel):
     # Pool of the nightly-eval deployment: the gpu pool for real checkpoints, cpu for the tiny profile.
     # (The gpu pool's image and GPU count are job variables of the npr-stage deployment in prefect.yaml.)
     nightly_pool: Literal["cpu", "gpu"] = "cpu"
+    # Stages the pipeline flow may run at once (independent DAG branches; DVC and the flow keep them apart).
+    # Stages that can overlap then share the machine's torch threads (run.torch_threads divided by this),
+    # so two stages never oversubscribe the cores (measured: 2+2 threads on 2 cores ran 13x slower).
+    max_parallel_stages: int = Field(1, ge=1)
     # How long `npr server` waits for the API to answer /api/health.
     server_start_timeout_s: int = Field(120, ge=5)
 

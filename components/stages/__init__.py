@@ -14,6 +14,7 @@ from typing import Any
 from components.artifacts import prepare_work_dir, write_json
 from components.config import PipelineConfig
 from components.dag import StageIO, stage_io
+from components.env import torch_threads
 from components.fingerprint import work_fingerprint
 from components.prompts import prompt_fingerprint
 from components.training.distributed import is_main_process
@@ -30,18 +31,21 @@ def stage_module(name: str) -> Any:
         raise
 
 
-def apply_run_settings(cfg: PipelineConfig) -> None:
+def apply_run_settings(cfg: PipelineConfig) -> int:
+    """Torch threads (run.torch_threads, or the pipeline flow's share) and the seed; returns the threads."""
     import torch
 
-    torch.set_num_threads(cfg.run.torch_threads)
+    threads = torch_threads(cfg.run.torch_threads)
+    torch.set_num_threads(threads)
     torch.manual_seed(cfg.run.seed)
+    return threads
 
 
 def run_stage(name: str, cfg: PipelineConfig, io: StageIO | None = None) -> dict[str, Any]:
     """Run one stage and write its metrics.json; returns the metrics."""
     io = io or stage_io(name)
     module = stage_module(name)
-    apply_run_settings(cfg)
+    threads = apply_run_settings(cfg)
     # Resumable stages keep checkpoints in artifacts/<stage>/work; it is reset when the stage's code,
     # params or inputs changed, so a rerun never resumes from a checkpoint of a different run.
     resumed_work = None
@@ -59,6 +63,7 @@ def run_stage(name: str, cfg: PipelineConfig, io: StageIO | None = None) -> dict
         "profile": cfg.profile,
         "prompt": prompt_fingerprint(cfg.prompts),
         "python": platform.python_version(),
+        "torch_threads": threads,
     }
     if io.metrics is not None and main:
         write_json(io.metrics, metrics)
