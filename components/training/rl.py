@@ -455,14 +455,16 @@ class RLTrainer:
         return RLRunResult(metrics=self.summary(history, resumed), history=history, evals=list(self.evals))
 
     def summary(self, history: list[dict[str, Any]], resumed: bool) -> dict[str, Any]:
-        """Stage metrics: first and last held-out eval, their deltas, and run totals."""
+        """Stage metrics: the last held-out eval, the one before training and the change (when it was
+        measured: ``eval_before_train``), and run totals."""
         out: dict[str, Any] = {"steps": self.step, "resumed": resumed, "algorithm": self.sc.algorithm}
         if self.evals:
             first, last = self.evals[0], self.evals[-1]
             for key in ("format_valid", "accuracy", "correct_and_valid", "parallel_rate"):
-                out[f"initial/{key}"] = first[key]
                 out[f"final/{key}"] = last[key]
-                out[f"delta/{key}"] = last[key] - first[key]
+                if first["step"] == 0:  # measured before training (eval_before_train), so a gain is known
+                    out[f"initial/{key}"] = first[key]
+                    out[f"delta/{key}"] = last[key] - first[key]
             # the early accuracy dip while the policy switches format is reported, not hidden
             out["min/accuracy"] = min(e["accuracy"] for e in self.evals)
             out["evals"] = self.evals

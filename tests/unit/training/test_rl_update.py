@@ -89,3 +89,17 @@ def test_micro_batches_are_length_sorted_and_cover_every_rollout(world):
     assert length_sorted_micro_batches(rollouts, idx, None) == [idx]
     with pytest.raises(ValueError, match=">= 1"):
         length_sorted_micro_batches(rollouts, idx, 0)
+
+
+def test_summary_reports_a_gain_only_when_measured_before_training(world, tmp_path):
+    model, tok = world
+    problems = generate_problems(4, seed=1)
+    cfg = load_config(profile="tiny")
+    trainer = RLTrainer("papo_rl", cfg, model, tok, problems, problems, tmp_path)
+    scores = {"format_valid": 0.5, "accuracy": 0.2, "correct_and_valid": 0.1, "parallel_rate": 0.5}
+    trainer.evals = [{"step": 12, **scores}]
+    out = trainer.summary([], resumed=False)
+    assert out["final/accuracy"] == 0.2 and not any(k.startswith(("initial/", "delta/")) for k in out)
+    trainer.evals = [{"step": 0, **scores, "accuracy": 0.1}, {"step": 12, **scores}]
+    out = trainer.summary([], resumed=False)
+    assert out["initial/accuracy"] == 0.1 and out["delta/accuracy"] == pytest.approx(0.1)
