@@ -76,22 +76,24 @@ def run_stage_in_flow(
 def _run_stage(
     stage: str, profile: str, gpu: bool, pipeline_run_id: str, torch_threads: int | None
 ) -> dict[str, Any]:
+    from components.config import load_config
+
+    cfg = load_config()
     if gpu:
         from prefect.deployments import run_deployment
+
+        from flows.stage import stage_metrics
 
         run = run_deployment(
             name=NPR_STAGE_DEPLOYMENT,
             parameters={"stage": stage, "profile": profile},
             job_variables={"env": {"NPR_PIPELINE_RUN_ID": pipeline_run_id}},
+            timeout=cfg.orchestration.timeout_for(stage),
         )
         if not run.state or not run.state.is_completed():
             raise RuntimeError(f"stage {stage} on the gpu pool ended in {run.state}")
-        from flows.stage import stage_metrics
-
         return stage_metrics(stage)
-    from components.config import load_config
-
-    return execute_stage(stage, load_config(), pipeline_run_id, torch_threads)
+    return execute_stage(stage, cfg, pipeline_run_id, torch_threads)
 
 
 def _publish(stage: str, fingerprint: str, metrics: dict[str, Any]) -> None:
@@ -183,14 +185,14 @@ def npr_pipeline(
     started = time.perf_counter()
     try:
         for k, name in enumerate(selected):
-            timeout = cfg.orchestration.timeout_for(name)
             fingerprint = stage_fingerprint(specs[name], cfg)
             # One task object per stage so its version (code + params fingerprint) is recorded on the run.
+            # No Prefect timeout_seconds: in a worker thread it cannot interrupt the running stage; the task
+            # enforces orchestration.timeout_for(stage) itself (flows/stage.py kills the stage's processes).
             runner = task(
                 run_stage_in_flow,
                 name=f"stage-{name}",
                 version=fingerprint,
-                timeout_seconds=timeout,
                 retries=cfg.orchestration.retries,
                 retry_delay_seconds=cfg.orchestration.retry_delay_s,
                 log_prints=True,

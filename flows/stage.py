@@ -7,11 +7,13 @@ after success, so consecutive stages may run on different machines.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections import deque
 from pathlib import Path
@@ -68,20 +70,17 @@ def execute_stage(
         env["NPR_PIPELINE_RUN_ID"] = pipeline_run_id
     if torch_threads is not None:
         env[THREADS_ENV] = str(torch_threads)
-    # Stream the stage's output live (progress bars, metrics) and keep the tail for the error message.
-    tail: deque[str] = deque(maxlen=25)
-    with subprocess.Popen(
-        # --wait-for-lock: another branch's `dvc repro` may hold the lock while it checks or records its stage
-        [_dvc(), "--wait-for-lock", "repro", "--single-item", stage], env=env, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, bufsize=1,
-    ) as proc:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            sys.stdout.write(line)
-            sys.stdout.flush()
-            tail.append(line.rstrip("\n"))
-    if proc.returncode != 0:
-        raise StageFailed(f"stage {stage} failed (dvc repro exit {proc.returncode}):\n" + "\n".join(tail))
+    # --wait-for-lock: another branch's `dvc repro` may hold the lock while it checks or records its stage
+    cmd = [_dvc(), "--wait-for-lock", "repro", "--single-item", stage]
+    timeout_s = cfg.orchestration.timeout_for(stage)
+    returncode, tail, timed_out = stream_with_deadline(cmd, env, timeout_s)
+    if timed_out:
+        raise StageFailed(
+            f"stage {stage} ran past its timeout of {timeout_s} s (orchestration.task_timeout_s) and was "
+            "killed with its child processes:\n" + "\n".join(tail)
+        )
+    if returncode != 0:
+        raise StageFailed(f"stage {stage} failed (dvc repro exit {returncode}):\n" + "\n".join(tail))
     reproduced = time.perf_counter()
     if cfg.storage.push_after_stage:
         storage.push_stage_outputs(stage, cfg)
@@ -91,6 +90,43 @@ def execute_stage(
         f"push {time.perf_counter() - reproduced:.1f} s"
     )
     return stage_metrics(stage)
+
+
+def stream_with_deadline(cmd: list[str], env: dict[str, str], timeout_s: float) -> tuple[int, list[str], bool]:
+    """Run ``cmd``, echoing its output live; kill it and every process under it after ``timeout_s``.
+
+    Returns ``(exit code, last 25 output lines, timed out)``. The deadline is enforced here because a
+    Prefect task timeout cannot interrupt a blocking read in a worker thread (where parallel stages run),
+    and killing only `dvc` would leave the stage's own process running.
+    """
+    import psutil
+
+    tail: deque[str] = deque(maxlen=25)
+    expired = threading.Event()
+
+    def kill_tree(proc: subprocess.Popen) -> None:
+        expired.set()
+        with contextlib.suppress(psutil.NoSuchProcess):
+            parent = psutil.Process(proc.pid)
+            for child in [*parent.children(recursive=True), parent]:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    child.kill()
+
+    with subprocess.Popen(
+        cmd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, bufsize=1
+    ) as proc:
+        timer = threading.Timer(timeout_s, kill_tree, args=(proc,))
+        timer.daemon = True
+        timer.start()
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:  # live progress bars and metrics; the tail goes into errors
+                sys.stdout.write(line)
+                sys.stdout.flush()
+                tail.append(line.rstrip("\n"))
+        finally:
+            timer.cancel()
+    return proc.returncode, list(tail), expired.is_set()
 
 
 @flow(name="npr-stage", log_prints=True)

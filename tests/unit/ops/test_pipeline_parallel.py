@@ -99,3 +99,28 @@ def test_one_stage_at_a_time_keeps_the_topological_order(harness, monkeypatch, t
     assert all(runs[a]["end"] <= runs[b]["start"] for a, b in zip(order, order[1:], strict=False))
     assert all(r["threads"] is None for r in runs.values())
     assert os.environ.get(THREADS_ENV) is None
+
+
+def test_a_stage_past_its_deadline_is_killed_with_its_children():
+    import sys
+
+    import psutil
+
+    from flows.stage import stream_with_deadline
+
+    # a parent that starts a long-running child, as `dvc repro` starts the stage's process
+    script = (
+        "import subprocess, sys, time; "
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+        "print(child.pid, flush=True); time.sleep(60)"
+    )
+    start = time.perf_counter()
+    code, tail, timed_out = stream_with_deadline([sys.executable, "-c", script], dict(os.environ), 2.0)
+    assert timed_out and code != 0 and time.perf_counter() - start < 30
+    child = int(tail[0])
+    time.sleep(0.5)
+    assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+    code, tail, timed_out = stream_with_deadline(
+        [sys.executable, "-c", "print('done')"], dict(os.environ), 30.0
+    )
+    assert (code, tail, timed_out) == (0, ["done"], False)
