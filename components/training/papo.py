@@ -72,6 +72,10 @@ def compute_papo_advantage(
             if len(rows) > 1:
                 baseline[rows] = scores[rows].mean()
         batch_std = scores.std() if bsz > 1 else torch.ones((), dtype=scores.dtype)
+        if not batch_std > 0:
+            # every reward equal: a group survivor of the structural filter kept its zero baseline, and
+            # dividing by epsilon would turn its reward into a 1e6 advantage; scale 1, as for one response
+            batch_std = torch.ones((), dtype=scores.dtype)
         advantages = ((scores - baseline) / (batch_std + epsilon)).unsqueeze(-1) * response_mask
     return advantages, advantages
 

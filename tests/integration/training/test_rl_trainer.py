@@ -64,7 +64,13 @@ def test_resume_after_an_interrupted_run_matches_an_uninterrupted_one(warm_world
 def test_papo_stage_trains_only_structurally_valid_rollouts(warm_world, tmp_path):
     model, tok = warm_world
     cfg = small_cfg(
-        "papo_rl", "steps=1", "eval_every=1", "max_new_tokens=96", "prompts_per_step=8", "eval_samples=3"
+        "papo_rl",
+        "steps=1",
+        "eval_every=1",
+        "max_new_tokens=96",
+        "prompts_per_step=8",
+        "eval_samples=3",
+        "eval_before_train=true",
     )
     cfg.tracking.mode = "disabled"
     train, test = problems()

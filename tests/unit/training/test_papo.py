@@ -56,6 +56,15 @@ def test_std_is_computed_once_not_recomputed_in_loop():
     assert adv[2].item() == pytest.approx(1.0 / rewards.std().item(), rel=1e-5)
 
 
+def test_equal_rewards_never_divide_by_epsilon():
+    # all rewards -1 (a batch where every trace was wrong), one group cut to a single survivor by the
+    # structural filter: its zero baseline leaves -1, which over a zero std would become -1e6
+    rewards = torch.tensor([-1.0, -1.0, -1.0, -1.0])
+    adv = compute_advantages("papo", rewards, torch.ones(4, 3), ["a", "a", "a", "b"])[:, 0]
+    torch.testing.assert_close(adv[:3], torch.zeros(3))
+    assert adv[3].item() == pytest.approx(-1.0, rel=1e-5)  # scale 1, as a lone response has in verl
+
+
 def test_advantage_rejects_mismatched_index():
     with pytest.raises(ValueError, match="index"):
         papo.compute_papo_advantage(torch.ones(3, 2), torch.ones(3, 2), np.array(["a", "b"], dtype=object))
