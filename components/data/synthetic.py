@@ -1,25 +1,37 @@
-"""The tiny profile's task family: small arithmetic expressions whose parts are independent sub-computations.
+"""The tiny profile's task family: sums of bracketed chains, each bracket an independent multi-step computation.
 
-A problem is ``Compute (a o b) o (c o d).`` (2 parts) or ``Compute (a o b) o (c o d) o (e o f).`` (3 parts),
-operands in 1..9. Each bracketed part can be worked out on its own, which is exactly the shape a parallel
-plan needs (one plan and one step per part, then a takeaway that combines them); a sequential solution
-works them out one after another. Every answer is an integer computed here and re-checkable from the text.
+A problem is ``Compute (3 + 4 + 5 - 8) + (7 - 1 + 2) - (2 + 9 - 4) + (5 + 1 - 3).``: a few brackets joined
+by ``+``/``-``, each bracket a chain of single-digit operands joined by ``+``/``-``. A bracket is worked out
+on its own, operation by operation (``3 + 4 = 7, 7 + 5 = 12, 12 - 8 = 4``), so the brackets are the
+independent parts a parallel plan needs: one short plan and one step per bracket, then a takeaway that
+combines the bracket values. The steps are most of a solution's tokens, which is what makes parallel
+decoding pay: a correct parallel trace of a 4-bracket problem has a critical path of less than half its
+tokens (docs/results.md measures the ideal speedup of the test split).
 
-Difficulty levels (calibrated in ../shared/notes/tiny-feasibility.md, where the easy task gave a seed model
-with ~33% accuracy after 8 minutes of SFT):
+Every number stays small so a ~1.7M-parameter model can learn the arithmetic: operands are 1..9, every
+running value of a chain lies in 0..19, and every bracket's value is a single digit (0..9), so the takeaway
+adds and subtracts single digits (answers in -27..36). Problems are drawn uniformly among the chains that
+satisfy these bounds.
 
-* ``easy``:   2 parts, every operator in {+, -}            (answers in -26..36)
-* ``medium``: 3 parts, every operator in {+, -}            (e.g. (a + b) - (c - d) + (e + f))
-* ``hard``:   2 parts, inner operators in {+, -, *} with at least one ``*`` (so no hard problem is also an
-  easy one), outer operator in {+, -}                      (answers in -80..162)
+Difficulty levels (distinct shapes, so a curriculum can tell them apart):
+
+* ``easy``:   3 brackets of 3 operands (2 operations each)
+* ``medium``: 4 brackets of 4 operands (3 operations each)
+* ``hard``:   4 brackets of 5 operands (4 operations each)
+
+Partition (why no evaluation problem is ever trained on, whatever the seeds): every problem belongs to one
+of three partitions by its content id (``partition``): 5% ``test``, 5% ``val``, the rest ``train``.
+`sample_orz` draws its held-out test split only from ``test``, its validation split only from ``val`` and
+its training split only from ``train``; the committed seed checkpoint was built from ``train`` problems
+only (``components.models.tiny_seed``). So the seed build, distillation and RL never see a test problem.
 
 Records follow the ORZ-normalised schema ``{id, problem, answer, source, difficulty}`` plus ``expression``
-(the parts and the joining operators) so solutions can be rendered without re-parsing the text.
-Negative numbers inside an expression are written ``(-3)``.
+(the brackets and the joining operators) so solutions can be rendered without re-parsing the text.
 """
 
 from __future__ import annotations
 
+import functools
 import random
 import re
 from collections.abc import Mapping
@@ -30,9 +42,15 @@ from components.data.problems import content_id
 
 Difficulty = Literal["easy", "medium", "hard"]
 Style = Literal["parallel", "sequential"]
+Partition = Literal["train", "val", "test"]
 DIFFICULTIES: tuple[str, ...] = ("easy", "medium", "hard")
 SOURCE = "synthetic"
 OPERAND_RANGE = range(1, 10)
+RUNNING_RANGE = range(0, 20)  # every intermediate value of a chain
+PART_VALUE_RANGE = range(0, 10)  # every bracket's value: the takeaway combines single digits
+# Partition of the problem space by content id: id (hex) mod PARTITION_MODULUS.
+PARTITION_MODULUS = 20
+PARTITION_OF_BUCKET: dict[int, Partition] = {0: "test", 1: "val"}
 
 # Realistic format mistakes for the seed SFT mix (the seed model must see, and RL must later remove, them).
 MISTAKES: tuple[str, ...] = (
@@ -43,39 +61,34 @@ MISTAKES: tuple[str, ...] = (
     "unclosed_step",  # the first <step> never closed
     "plan_step_mismatch",  # one step fewer than plans
 )
+ORDINALS = ("first", "second", "third", "fourth", "fifth", "sixth")
+
+_APPLY = {"+": lambda x, y: x + y, "-": lambda x, y: x - y}
 
 
 @dataclass(frozen=True)
 class LevelSpec:
-    """How problems of one difficulty are drawn."""
+    """How problems of one difficulty are drawn: ``n_parts`` brackets of ``n_operands`` operands each."""
 
     n_parts: int
-    inner_ops: tuple[str, ...]
-    outer_ops: tuple[str, ...]
-    require_mul: bool = False
+    n_operands: int
 
     def capacity(self) -> int:
         """Number of distinct problems of this level (how many ``generate_problems`` can return)."""
-        n_operands = len(OPERAND_RANGE) ** (2 * self.n_parts)
-        outer = len(self.outer_ops) ** (self.n_parts - 1)
-        inner = len(self.inner_ops) ** self.n_parts
-        if self.require_mul:
-            inner -= len([op for op in self.inner_ops if op != "*"]) ** self.n_parts
-        return n_operands * inner * outer
+        return _chain_count(self.n_operands) ** self.n_parts * 2 ** (self.n_parts - 1)
 
 
 LEVELS: dict[str, LevelSpec] = {
-    "easy": LevelSpec(n_parts=2, inner_ops=("+", "-"), outer_ops=("+", "-")),
-    "medium": LevelSpec(n_parts=3, inner_ops=("+", "-"), outer_ops=("+", "-")),
-    "hard": LevelSpec(n_parts=2, inner_ops=("+", "-", "*"), outer_ops=("+", "-"), require_mul=True),
+    "easy": LevelSpec(n_parts=3, n_operands=3),
+    "medium": LevelSpec(n_parts=4, n_operands=4),
+    "hard": LevelSpec(n_parts=4, n_operands=5),
 }
-# Mostly easy: the seed model has to reach ~30% accuracy for RL to improve the joint metric on CPU.
-DEFAULT_WEIGHTS: dict[str, float] = {"easy": 0.8, "medium": 0.1, "hard": 0.1}
+DEFAULT_WEIGHTS: dict[str, float] = {"easy": 0.2, "medium": 0.4, "hard": 0.4}
 
-_APPLY = {"+": lambda x, y: x + y, "-": lambda x, y: x - y, "*": lambda x, y: x * y}
-_PART = r"\(\s*(\d+)\s*([-+*])\s*(\d+)\s*\)"
-_PROBLEM = re.compile(rf"^\s*Compute\s+{_PART}((?:\s*[-+]\s*{_PART})+)\s*\.?\s*$")
-_JOINED_PART = re.compile(rf"\s*([-+])\s*{_PART}")
+_CHAIN = r"\(\s*\d+(?:\s*[-+]\s*\d+)+\s*\)"
+_PROBLEM = re.compile(rf"^\s*Compute\s+({_CHAIN}(?:\s*[-+]\s*{_CHAIN})+)\s*\.?\s*$")
+_JOIN = re.compile(rf"([-+])?\s*({_CHAIN})")
+_TOKEN = re.compile(r"\d+|[-+]")
 
 
 def fmt_number(value: int) -> str:
@@ -85,45 +98,67 @@ def fmt_number(value: int) -> str:
 
 @dataclass(frozen=True)
 class Part:
-    """One bracketed sub-computation ``a op b``."""
+    """One bracket: ``operands[0] ops[0] operands[1] ops[1] ...``, evaluated left to right."""
 
-    a: int
-    op: str
-    b: int
+    operands: tuple[int, ...]
+    ops: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.operands) < 2 or len(self.ops) != len(self.operands) - 1:
+            raise ValueError(f"a bracket needs >= 2 operands and one operator fewer; got {self!r}")
+        if any(op not in _APPLY for op in self.ops):
+            raise ValueError(f"unknown operator in {self.ops!r}; known: {sorted(_APPLY)}")
+
+    def running(self) -> list[int]:
+        """The value after each operation (the last one is the bracket's value)."""
+        values, total = [], self.operands[0]
+        for op, x in zip(self.ops, self.operands[1:], strict=True):
+            total = _APPLY[op](total, x)
+            values.append(total)
+        return values
 
     @property
     def value(self) -> int:
-        return _APPLY[self.op](self.a, self.b)
+        return self.running()[-1]
 
     @property
     def text(self) -> str:
-        return f"{self.a} {self.op} {self.b}"
+        out = str(self.operands[0])
+        for op, x in zip(self.ops, self.operands[1:], strict=True):
+            out += f" {op} {x}"
+        return out
 
     @property
     def equation(self) -> str:
-        return f"{self.text} = {self.value}"
+        """The bracket worked step by step, one operation at a time from the left, the rest copied along:
+        ``7 - 3 - 1 + 7 = 4 - 1 + 7 = 3 + 7 = 10``. Every operation reads its two numbers right before it
+        (the previous result and the next operand), which is what a small model can learn reliably."""
+        lines, rest = [self.text], list(zip(self.ops, self.operands[1:], strict=True))
+        for result in self.running():
+            rest = rest[1:]
+            lines.append(str(result) + "".join(f" {op} {x}" for op, x in rest))
+        return " = ".join(lines)
 
 
 @dataclass(frozen=True)
 class Expression:
-    """Parts joined left to right by ``joins`` (``len(joins) == len(parts) - 1``)."""
+    """Brackets joined left to right by ``joins`` (``len(joins) == len(parts) - 1``)."""
 
     parts: tuple[Part, ...]
     joins: tuple[str, ...]
 
     def __post_init__(self) -> None:
         if len(self.parts) < 2 or len(self.joins) != len(self.parts) - 1:
-            raise ValueError(f"an expression needs >= 2 parts and one join fewer; got {self!r}")
-        for op in (*self.joins, *(p.op for p in self.parts)):
-            if op not in _APPLY:
-                raise ValueError(f"unknown operator {op!r}")
+            raise ValueError(f"an expression needs >= 2 brackets and one join fewer; got {self!r}")
+        if any(op not in _APPLY for op in self.joins):
+            raise ValueError(f"unknown operator in {self.joins!r}; known: {sorted(_APPLY)}")
 
     @property
     def value(self) -> int:
         return self.combine([p.value for p in self.parts])
 
     def combine(self, values: list[int]) -> int:
-        """Apply the joining operators left to right to the part values."""
+        """Apply the joining operators left to right to the bracket values."""
         total = values[0]
         for op, v in zip(self.joins, values[1:], strict=True):
             total = _APPLY[op](total, v)
@@ -138,7 +173,7 @@ class Expression:
 
     @property
     def takeaway(self) -> str:
-        """The combining equation, e.g. ``10 + (-3) = 7``."""
+        """The combining equation, e.g. ``4 + 7 - 2 + 5 = 14``."""
         values = [p.value for p in self.parts]
         lhs = fmt_number(values[0])
         for op, v in zip(self.joins, values[1:], strict=True):
@@ -146,26 +181,35 @@ class Expression:
         return f"{lhs} = {self.value}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"parts": [[p.a, p.op, p.b] for p in self.parts], "joins": list(self.joins)}
+        return {
+            "parts": [{"operands": list(p.operands), "ops": list(p.ops)} for p in self.parts],
+            "joins": list(self.joins),
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Expression:
         return cls(
-            parts=tuple(Part(int(a), str(op), int(b)) for a, op, b in data["parts"]),
-            joins=tuple(data["joins"]),
+            parts=tuple(
+                Part(tuple(int(x) for x in p["operands"]), tuple(str(op) for op in p["ops"]))
+                for p in data["parts"]
+            ),
+            joins=tuple(str(op) for op in data["joins"]),
         )
 
     @classmethod
     def parse(cls, problem: str) -> Expression:
-        """Read an expression back from problem text such as ``Compute (7 + 3) + (5 - 8).``"""
+        """Read an expression back from problem text such as ``Compute (7 + 3 - 2) + (5 - 1 + 4).``"""
         m = _PROBLEM.match(problem)
         if not m:
             raise ValueError(f"not a synthetic arithmetic problem: {problem!r}")
-        parts = [Part(int(m.group(1)), m.group(2), int(m.group(3)))]
-        joins = []
-        for jm in _JOINED_PART.finditer(m.group(4)):
-            joins.append(jm.group(1))
-            parts.append(Part(int(jm.group(2)), jm.group(3), int(jm.group(4))))
+        parts, joins = [], []
+        for i, jm in enumerate(_JOIN.finditer(m.group(1))):
+            if (jm.group(1) is None) != (i == 0):
+                raise ValueError(f"not a synthetic arithmetic problem: {problem!r}")
+            if jm.group(1):
+                joins.append(jm.group(1))
+            tokens = _TOKEN.findall(jm.group(2))
+            parts.append(Part(tuple(int(t) for t in tokens[::2]), tuple(tokens[1::2])))
         return cls(parts=tuple(parts), joins=tuple(joins))
 
 
@@ -180,13 +224,49 @@ def problem_text(expr: Expression) -> str:
     return f"Compute {expr.text}."
 
 
+def partition(record_id: str) -> Partition:
+    """The partition of a problem by its content id (hex): 5% ``test``, 5% ``val``, the rest ``train``."""
+    return PARTITION_OF_BUCKET.get(int(record_id, 16) % PARTITION_MODULUS, "train")
+
+
+@functools.cache
+def _continuations(n_ops_left: int, value: int) -> int:
+    """How many ways a chain at running ``value`` can finish with ``n_ops_left`` more operations."""
+    if n_ops_left == 0:
+        return 1 if value in PART_VALUE_RANGE else 0
+    return sum(
+        _continuations(n_ops_left - 1, nxt)
+        for op in _APPLY
+        for x in OPERAND_RANGE
+        if (nxt := _APPLY[op](value, x)) in RUNNING_RANGE
+    )
+
+
+def _chain_count(n_operands: int) -> int:
+    return sum(_continuations(n_operands - 1, a) for a in OPERAND_RANGE)
+
+
+def _draw_part(n_operands: int, rng: random.Random) -> Part:
+    """A chain drawn uniformly among all valid chains of ``n_operands`` (weights = valid continuations)."""
+    starts = list(OPERAND_RANGE)
+    value = rng.choices(starts, weights=[_continuations(n_operands - 1, a) for a in starts])[0]
+    operands, ops = [value], []
+    for left in range(n_operands - 2, -1, -1):
+        moves = [
+            (op, x, nxt)
+            for op in _APPLY
+            for x in OPERAND_RANGE
+            if (nxt := _APPLY[op](value, x)) in RUNNING_RANGE and _continuations(left, nxt)
+        ]
+        op, x, value = rng.choices(moves, weights=[_continuations(left, nxt) for _, _, nxt in moves])[0]
+        operands.append(x)
+        ops.append(op)
+    return Part(tuple(operands), tuple(ops))
+
+
 def _draw(level: LevelSpec, rng: random.Random) -> Expression:
-    while True:
-        ops = [rng.choice(level.inner_ops) for _ in range(level.n_parts)]
-        if not level.require_mul or "*" in ops:
-            break
-    parts = tuple(Part(rng.choice(OPERAND_RANGE), op, rng.choice(OPERAND_RANGE)) for op in ops)
-    joins = tuple(rng.choice(level.outer_ops) for _ in range(level.n_parts - 1))
+    parts = tuple(_draw_part(level.n_operands, rng) for _ in range(level.n_parts))
+    joins = tuple(rng.choice(("+", "-")) for _ in range(level.n_parts - 1))
     return Expression(parts=parts, joins=joins)
 
 
@@ -218,11 +298,17 @@ def make_record(expr: Expression, difficulty: str) -> dict[str, Any]:
     }
 
 
-def generate_problems(n: int, seed: int, weights: Mapping[str, float] | None = None) -> list[dict[str, Any]]:
+def generate_problems(
+    n: int,
+    seed: int,
+    weights: Mapping[str, float] | None = None,
+    partitions: tuple[Partition, ...] | None = None,
+) -> list[dict[str, Any]]:
     """``n`` distinct synthetic problems, deterministic in ``seed``, difficulties mixed by ``weights``.
 
     Distinct within one call (so a generated pool never trips the duplicate check); the order is shuffled
-    so difficulties interleave. Raises ValueError when a level is asked for more problems than it has.
+    so difficulties interleave. ``partitions`` keeps only problems of those partitions (``partition``;
+    None = all). Raises ValueError when a level is asked for more problems than it has.
     """
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
@@ -238,32 +324,32 @@ def generate_problems(n: int, seed: int, weights: Mapping[str, float] | None = N
         seen: set[Expression] = set()
         while len(seen) < want:
             expr = _draw(level, rng)
-            if expr not in seen:
-                seen.add(expr)
-                records.append(make_record(expr, difficulty))
+            if expr in seen:
+                continue
+            record = make_record(expr, difficulty)
+            if partitions is not None and partition(record["id"]) not in partitions:
+                continue
+            seen.add(expr)
+            records.append(record)
     rng.shuffle(records)
     return records
 
 
-def _plan_texts(expr: Expression, rng: random.Random) -> list[str]:
-    # Half the plans name the part by position, half quote it: both are plausible plans a model could write.
-    if rng.random() < 0.5:
-        return [f"compute {p.text}" for p in expr.parts]
-    names = (
-        ["left", "right"]
-        if len(expr.parts) == 2
-        else ["first", "second", "third", "fourth"][: len(expr.parts)]
-    )
-    return [f"compute the {name} part" for name in names]
+def _plan_text(index: int) -> str:
+    return f"{ORDINALS[index]} bracket" if index < len(ORDINALS) else f"bracket {index + 1}"
 
 
 def render_parallel(expr: Expression, rng: random.Random, mistake: str | None = None) -> str:
-    """The NPR-schema response in canonical layout, optionally with one format mistake (see MISTAKES)."""
-    plans = [f"<plan>{i}: {t}</plan>" for i, t in enumerate(_plan_texts(expr, rng), start=1)]
+    """The NPR-schema response in canonical layout, optionally with one format mistake (see MISTAKES).
+
+    Plans are short (``1: first bracket``) so the steps, worked out in parallel, dominate the trace.
+    ``rng`` is accepted for symmetry with ``render_sequential`` (the parallel rendering has one form).
+    """
+    plans = [f"<plan>{i}: {_plan_text(i - 1)}</plan>" for i in range(1, len(expr.parts) + 1)]
     steps = [f"<step>{i}: {p.equation}</step>" for i, p in enumerate(expr.parts, start=1)]
     guideline_close = "</guideline>"
     takeaway = f"<takeaway>{expr.takeaway}</takeaway>"
-    tail = f" The answer is \\boxed{{{expr.value}}}."
+    tail = f" \\boxed{{{expr.value}}}"
     if mistake == "missing_guideline_close":
         guideline_close = ""
     elif mistake == "missing_takeaway_tags":
@@ -281,21 +367,18 @@ def render_parallel(expr: Expression, rng: random.Random, mistake: str | None = 
     return "<guideline>" + "".join(plans) + guideline_close + "".join(steps) + takeaway + tail
 
 
-def _listing(items: list[str]) -> str:
-    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
-
-
 def render_sequential(expr: Expression, rng: random.Random) -> str:
     """A plain step-by-step solution (one of three templates) ending in ``\\boxed{}``."""
     eqs = [p.equation for p in expr.parts]
     boxed = f"\\boxed{{{expr.value}}}"
     template = rng.randrange(3)
     if template == 0:
-        return f"We compute {_listing(eqs)}, so {expr.takeaway}. The answer is {boxed}."
+        body = " ".join(f"{ORDINALS[i].capitalize()}, {e}." for i, e in enumerate(eqs))
+        return f"{body} Then {expr.takeaway}. The answer is {boxed}."
     if template == 1:
-        middle = " ".join(f"Next, {e}." for e in eqs[1:])
-        return f"First, {eqs[0]}. {middle} Then {expr.takeaway}. The answer is {boxed}."
-    return f"{', '.join(eqs)}, {expr.takeaway}. So the answer is {boxed}."
+        body = " ".join(f"Bracket {i}: {e}." for i, e in enumerate(eqs, start=1))
+        return f"{body} So {expr.takeaway} and the answer is {boxed}."
+    return "; ".join(eqs) + f"; {expr.takeaway}. {boxed}"
 
 
 def render_solution(
@@ -303,9 +386,9 @@ def render_solution(
 ) -> str:
     """The assistant response text (no end-of-turn token) solving a synthetic problem record.
 
-    ``style="parallel"`` gives ``<guideline><plan>1: ...</plan>...</guideline><step>1: ...</step>...
-    <takeaway>...</takeaway> The answer is \\boxed{v}.`` with no text between ``</guideline>`` and ``<step>``
-    or between steps (the engine's canonical layout); ``mistake`` (one of MISTAKES) breaks it on purpose.
+    ``style="parallel"`` gives ``<guideline><plan>1: first bracket</plan>...</guideline><step>1: ...</step>
+    ...<takeaway>...</takeaway> \\boxed{v}`` with no text between ``</guideline>`` and ``<step>`` or between
+    steps (the engine's canonical layout); ``mistake`` (one of MISTAKES) breaks it on purpose.
     ``style="sequential"`` gives a plain solution; mistakes apply only to the parallel style.
     """
     expr = expression_of(record)
