@@ -122,7 +122,9 @@ BENCHMARKS: dict[str, BenchmarkSpec] = {
     )
 }
 TINY_TEST = "tiny_test"
-BENCHMARK_NAMES: tuple[str, ...] = (*BENCHMARKS, TINY_TEST)
+TINY_VAL = "tiny_val"  # the validation split of sample_orz: what tuning and calibration measure on
+SPLIT_BENCHMARKS: dict[str, str] = {TINY_TEST: "test", TINY_VAL: "val"}
+BENCHMARK_NAMES: tuple[str, ...] = (*BENCHMARKS, *SPLIT_BENCHMARKS)
 
 
 def read_rows(path: Path) -> list[Record]:
@@ -190,17 +192,20 @@ def load_benchmark(
     """The first ``max_problems`` problems of benchmark ``name`` (all when None), in file order.
 
     ``benchmark_dir`` is the local benchmarks directory (``data/benchmarks``); ``problems_dir`` is the
-    `sample_orz` problems directory, needed only for ``tiny_test``. Raises KeyError for an unknown name,
-    FileNotFoundError when the file is missing and no hub copy can be read, BenchmarkError on bad rows.
+    `sample_orz` problems directory, needed only for ``tiny_test`` (its test split) and ``tiny_val`` (its
+    validation split). Raises KeyError for an unknown name, FileNotFoundError when the file is missing and
+    no hub copy can be read, BenchmarkError on bad rows.
     """
-    if name == TINY_TEST:
+    if name in SPLIT_BENCHMARKS:
+        split = SPLIT_BENCHMARKS[name]
         if problems_dir is None:
-            raise ValueError("tiny_test is the held-out split of sample_orz: pass problems_dir")
-        rows = load_problems(problems_dir, "test")
+            raise ValueError(f"{name} is the {split} split of sample_orz: pass problems_dir")
+        rows = load_problems(problems_dir, split)  # type: ignore[arg-type]
         if not rows:
-            raise BenchmarkError(f"{problems_dir} has an empty test split (sample_orz.test_n = 0)")
+            size = "test_n" if split == "test" else "val_n"
+            raise BenchmarkError(f"{problems_dir} has an empty {split} split (sample_orz.{size} = 0)")
         records = [
-            {"id": r["id"], "benchmark": TINY_TEST, "problem": r["problem"], "answers": [r["answer"]]}
+            {"id": r["id"], "benchmark": name, "problem": r["problem"], "answers": [r["answer"]]}
             for r in rows
         ]
         return records[:max_problems] if max_problems else records

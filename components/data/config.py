@@ -17,7 +17,10 @@ class SampleOrzConfig(StrictModel):
     ``source``: ``synthetic`` (the tiny task family, ``synthetic_pool`` problems mixed by
     ``synthetic_weights``), ``local`` (ORZ raw JSON file or directory at ``local_path``), ``hf`` (the hub
     dataset ``hf_dataset``, online only) or ``url`` (an ORZ raw JSON file at ``url``, online only).
-    ``test_n`` problems are held out first, then ``n`` training problems are drawn from the rest.
+    ``test_n`` problems are held out first, then ``val_n`` validation problems (for tuning: the RL stages'
+    held-out evaluations and the seed's measurement read them, never the test split), then ``n`` training
+    problems. The synthetic source draws each split from its own partition of the problem space
+    (``components.data.synthetic.partition``), so the committed tiny seed never saw a test or val problem.
     """
 
     source: Literal["synthetic", "local", "hf", "url"] = "synthetic"
@@ -26,11 +29,11 @@ class SampleOrzConfig(StrictModel):
     url: str | None = None
     n: int = Field(8000, ge=1)
     test_n: int = Field(0, ge=0)
+    val_n: int = Field(0, ge=0)
     seed: int = Field(0, ge=0)
     synthetic_pool: int = Field(20000, ge=1)
-    # Mostly easy: the tiny seed model needs ~30% accuracy for RL to improve the joint metric.
     synthetic_weights: dict[DifficultyName, float] = Field(
-        default_factory=lambda: {"easy": 0.8, "medium": 0.1, "hard": 0.1}
+        default_factory=lambda: {"easy": 0.2, "medium": 0.4, "hard": 0.4}
     )
     # A truncated ORZ file (the public 72k copy is cut mid-record) fails unless this keeps its complete records.
     recover_truncated: bool = False

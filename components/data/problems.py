@@ -14,8 +14,8 @@ from typing import Any, Literal
 
 from components.artifacts import read_json, read_shards
 
-Split = Literal["train", "test"]
-SPLITS: tuple[str, ...] = ("train", "test")
+Split = Literal["train", "val", "test"]
+SPLITS: tuple[str, ...] = ("train", "val", "test")
 # Length of the hex prefix of sha256 used as id: 16 hex chars = 64 bits, collision-free at 10^6 rows.
 ID_HEX_CHARS = 16
 _WS = re.compile(r"\s+")
@@ -37,7 +37,8 @@ def content_id(problem: str, answer: str) -> str:
 
 
 def load_problems(problems_dir: Path | str, split: Split) -> list[dict[str, Any]]:
-    """All records of one split of a `sample_orz` problems directory, in shard order.
+    """All records of one split (``train``, ``val``, ``test``) of a `sample_orz` problems directory, in shard
+    order (``[]`` for a split the manifest counts as empty or, for ``val``, does not list).
 
     Raises FileNotFoundError when the directory or the split's shards are missing, and ValueError when
     the manifest's count for the split disagrees with what the shards hold (a partial copy).
@@ -48,8 +49,10 @@ def load_problems(problems_dir: Path | str, split: Split) -> list[dict[str, Any]
     if not problems_dir.is_dir():
         raise FileNotFoundError(f"problems directory {problems_dir} does not exist (run stage sample_orz)")
     manifest_path = problems_dir / "manifest.json"
-    expected = read_json(manifest_path)["counts"].get(split) if manifest_path.exists() else None
-    if expected == 0:
+    counts = read_json(manifest_path)["counts"] if manifest_path.exists() else None
+    expected = counts.get(split) if counts is not None else None
+    # A manifest without a val count predates the validation split: it has none.
+    if expected == 0 or (split == "val" and counts is not None and expected is None):
         return []
     records = read_shards(problems_dir, stem=split)
     if expected is not None and len(records) != expected:
@@ -57,3 +60,13 @@ def load_problems(problems_dir: Path | str, split: Split) -> list[dict[str, Any]
             f"{problems_dir}: manifest says {expected} {split} problems but the shards hold {len(records)}"
         )
     return records
+
+
+def load_tuning_split(problems_dir: Path | str) -> tuple[str, list[dict[str, Any]]]:
+    """``(split name, records)`` of the split that in-stage measurements (RL held-out evals, the seed's
+    numbers) read: the validation split when `sample_orz` wrote one, else the test split. Tuning decisions
+    are made on these numbers, so on a profile with ``val_n > 0`` the test split is read only by `evaluate`."""
+    val = load_problems(problems_dir, "val")
+    if val:
+        return "val", val
+    return "test", load_problems(problems_dir, "test")

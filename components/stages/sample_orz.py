@@ -1,6 +1,6 @@
-"""Stage `sample_orz`: problem rows from the configured source -> quality gate -> seeded train/test sample.
+"""Stage `sample_orz`: problem rows from the configured source -> quality gate -> seeded train/val/test sample.
 
-Outputs (atomic): ``problems/`` (train-NNNNN.jsonl, test-NNNNN.jsonl, manifest.json) and ``audit/``
+Outputs (atomic): ``problems/`` (train-NNNNN.jsonl, val-NNNNN.jsonl, test-NNNNN.jsonl, manifest.json) and ``audit/``
 (quarantine.jsonl, duplicates.jsonl, reconciliation.json, gx_docs/*.html). When too few rows pass the gate
 the audit is written to ``audit-failed`` in ``artifacts/sample_orz/work`` for inspection and the stage raises
 DataQualityError; neither output is touched.
@@ -15,8 +15,9 @@ from typing import Any
 from components.artifacts import atomic_dir
 from components.config import PipelineConfig
 from components.dag import StageIO
+from components.data import synthetic
 from components.data.quality import QualityRules, validate_problems, write_audit
-from components.data.sampling import difficulty_counts, rows_sha256, sample_splits, write_problem_splits
+from components.data.sampling import difficulty_counts, rows_sha256, split_problems, write_problem_splits
 from components.data.sources import load_source_rows
 
 
@@ -36,7 +37,10 @@ def run(cfg: PipelineConfig, io: StageIO) -> dict[str, Any]:
         raise
     shutil.rmtree(failed_dir, ignore_errors=True)
 
-    train, test = sample_splits(report.kept, sc.n, sc.test_n, sc.seed)
+    # Synthetic problems carry their split in their id (the partition the tiny seed was built outside of).
+    partition_of = synthetic.partition if sc.source == "synthetic" else None
+    splits = split_problems(report.kept, sc.n, sc.test_n, sc.seed, sc.val_n, partition_of)
+    train, val, test = splits["train"], splits["val"], splits["test"]
     manifest = {
         "source": provenance,
         "seed": sc.seed,
@@ -48,7 +52,7 @@ def run(cfg: PipelineConfig, io: StageIO) -> dict[str, Any]:
     with atomic_dir(audit_dir) as tmp_audit:
         reconciliation = write_audit(report, tmp_audit)
     with atomic_dir(problems_dir) as tmp_problems:
-        write_problem_splits(tmp_problems, train, test, sc.n_shards, manifest)
+        write_problem_splits(tmp_problems, train, test, sc.n_shards, manifest, val=val)
 
     return {
         "rows_in": reconciliation["rows_in"],
@@ -57,7 +61,12 @@ def run(cfg: PipelineConfig, io: StageIO) -> dict[str, Any]:
         "duplicates": reconciliation["duplicates"],
         "kept_fraction": reconciliation["kept_fraction"],
         "n_train": len(train),
+        "n_val": len(val),
         "n_test": len(test),
-        "per_difficulty": {"train": difficulty_counts(train), "test": difficulty_counts(test)},
+        "per_difficulty": {
+            "train": difficulty_counts(train),
+            "val": difficulty_counts(val),
+            "test": difficulty_counts(test),
+        },
         "quarantine_reasons": reconciliation["quarantine_reasons"],
     }

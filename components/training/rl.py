@@ -497,11 +497,12 @@ class RLTrainer:
 def run_rl_stage(stage: str, cfg: Any, io: Any) -> dict[str, Any]:
     """The body of the stages ``npr_zero``, ``papo_rl`` and ``sr_rl``: train, save the model, return metrics.
 
-    Reads ``<init_from>/model`` and ``sample_orz/problems`` (train split to train on, test split held out);
+    Reads ``<init_from>/model`` and ``sample_orz/problems`` (train split to train on; the held-out evals read
+    the validation split when there is one, else the test split: ``load_tuning_split``);
     writes ``model`` atomically; checkpoints and the step log live in ``artifacts/<stage>/work``.
     """
     from components.artifacts import atomic_dir
-    from components.data.problems import load_problems
+    from components.data.problems import load_problems, load_tuning_split
     from components.models.loading import load_model, save_model
     from components.tracking import stage_run
 
@@ -513,7 +514,7 @@ def run_rl_stage(stage: str, cfg: Any, io: Any) -> dict[str, Any]:
     if sc.backend == "verl":
         return _run_verl_stage(stage, cfg, init_dir, problems_dir, out_dir, work_dir)
     model, tokenizer = load_model(init_dir, cfg.models, cfg.run, for_training=True)
-    train, test = load_problems(problems_dir, "train"), load_problems(problems_dir, "test")
+    train, (_, test) = load_problems(problems_dir, "train"), load_tuning_split(problems_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
     with stage_run(cfg, stage, work_dir) as tracker:
         result = RLTrainer(stage, cfg, model, tokenizer, train, test, work_dir, tracker).run()

@@ -6,8 +6,14 @@ import json
 
 import pytest
 
-from components.data.problems import content_id, load_problems
-from components.data.sampling import difficulty_counts, rows_sha256, sample_splits, write_problem_splits
+from components.data.problems import content_id, load_problems, load_tuning_split
+from components.data.sampling import (
+    difficulty_counts,
+    rows_sha256,
+    sample_splits,
+    split_problems,
+    write_problem_splits,
+)
 
 
 def _rows(n):
@@ -77,3 +83,45 @@ def test_rows_sha256_pinned_and_order_sensitive():
     assert rows_sha256(rows) == expected
     two = _rows(2)
     assert rows_sha256(two) != rows_sha256(list(reversed(two)))
+
+
+def test_validation_split_is_carved_before_train_and_test_does_not_move():
+    rows = _rows(200)
+    splits = split_problems(rows, n=100, test_n=20, seed=3, val_n=30)
+    assert [len(splits[s]) for s in ("train", "val", "test")] == [100, 30, 20]
+    ids = {s: {r["id"] for r in splits[s]} for s in splits}
+    assert not ids["train"] & ids["val"] and not ids["val"] & ids["test"] and not ids["train"] & ids["test"]
+    assert {r["split"] for r in splits["val"]} == {"val"}
+    _, test = sample_splits(rows, n=100, test_n=20, seed=3)
+    assert test == splits["test"]
+    with pytest.raises(ValueError, match="val_n=30"):
+        split_problems(rows, n=160, test_n=20, seed=3, val_n=30)
+
+
+def test_partitioned_source_draws_each_split_from_its_own_partition():
+    rows = _rows(300)
+
+    def part(rid):
+        return {0: "test", 1: "val"}.get(int(rid, 16) % 5, "train")
+
+    splits = split_problems(rows, n=100, test_n=20, seed=0, val_n=20, partition_of=part)
+    for name in ("train", "val", "test"):
+        assert {part(r["id"]) for r in splits[name]} == {name}
+    available = sum(part(r["id"]) == "test" for r in rows)
+    with pytest.raises(ValueError, match="test partition"):
+        split_problems(rows, n=10, test_n=available + 1, seed=0, partition_of=part)
+
+
+def test_val_split_round_trip_and_tuning_split(tmp_path):
+    splits = split_problems(_rows(60), n=30, test_n=10, seed=1, val_n=10)
+    manifest = write_problem_splits(
+        tmp_path, splits["train"], splits["test"], n_shards=2, manifest={}, val=splits["val"]
+    )
+    assert manifest["counts"] == {"train": 30, "test": 10, "val": 10}
+    assert load_problems(tmp_path, "val") == splits["val"]
+    assert load_tuning_split(tmp_path) == ("val", splits["val"])
+    # without a validation split, in-stage measurements fall back to the test split
+    old = tmp_path / "old"
+    write_problem_splits(old, splits["train"], splits["test"], n_shards=1, manifest={})
+    assert load_problems(old, "val") == []
+    assert load_tuning_split(old) == ("test", splits["test"])
