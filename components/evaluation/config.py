@@ -16,18 +16,48 @@ from components.settings import StrictModel
 
 
 class BenchmarkSpec(StrictModel):
-    """One benchmark: ``n_samples`` samples per problem (avg@n), pass@k / best@k with ``k <= n_samples``."""
+    """One benchmark: ``n_samples`` samples per problem (avg@n), pass@k / best@k with ``k <= n_samples``.
+
+    ``smoke: true`` marks a few-problem sample of a benchmark that checks the path runs (the tiny profile's
+    3 problems of each real benchmark, which its model cannot solve): reported in its own table, never in
+    an average (accuracy or throughput) or a speedup.
+    """
 
     name: str = Field(min_length=1)
     n_samples: int = Field(1, ge=1)
     k: int = Field(1, ge=1)
     max_problems: int | None = Field(None, ge=1)
+    smoke: bool = False
 
     @model_validator(mode="after")
     def _k_within_samples(self) -> BenchmarkSpec:
         if self.k > self.n_samples:
             raise ValueError(f"benchmark {self.name!r}: k={self.k} exceeds n_samples={self.n_samples}")
         return self
+
+
+class SpeedupConfig(StrictModel):
+    """How a parallel checkpoint's speedup is measured: the same prompts decoded in parallel and in
+    sequential mode, batch by batch, alternating which mode goes first (the machine's speed drifts).
+
+    ``benchmark``: whose problems (None: every non-smoke benchmark); ``max_problems``: the first N of them
+    (None: all), one sample each; ``batch_size``: the decode batch (None: ``generation.batch_size``). NPR's
+    speedup is a latency claim (one problem answered in fewer decode steps); on a CPU a full batch is
+    compute-bound, so the tiny profile measures it at a small batch (docs/results.md has both).
+    """
+
+    benchmark: str | None = None
+    max_problems: int | None = Field(None, ge=1)
+    batch_size: int | None = Field(None, ge=1)
+
+
+class RecipeConfig(StrictModel):
+    """The report's recipe table (``components.evaluation.recipe``): on which benchmark, how sure."""
+
+    benchmark: str | None = None  # None: no recipe table
+    confidence: float = Field(0.95, gt=0, lt=1)
+    resamples: int = Field(2000, ge=100)
+    seed: int = 0
 
 
 # The pipeline stages that write a model (artifacts/<stage>/model), in the order the report lists them.
@@ -47,9 +77,11 @@ class EvaluateConfig(StrictModel):
     # per-checkpoint exceptions for checkpoints trained on the other instruction.
     prompt_style: Literal["parallel", "sequential"] = "parallel"
     prompt_style_overrides: dict[str, Literal["parallel", "sequential"]] = {}
-    # Speedup = tokens/s of the same checkpoint's same prompts decoded in parallel vs sequential mode; the
-    # sequential re-decode of each parallel checkpoint is also graded and kept (mode "sequential").
+    # Speedup = tokens/s of the same checkpoint's same prompts decoded in parallel vs sequential mode
+    # (``speedup``); the sequential decodes are graded and kept too (records with mode "sequential").
     measure_speedup: bool = True
+    speedup: SpeedupConfig = SpeedupConfig()
+    recipe: RecipeConfig = RecipeConfig()
     records_shards: int = Field(1, ge=1)
 
     @model_validator(mode="after")
@@ -65,6 +97,12 @@ class EvaluateConfig(StrictModel):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"benchmark names must be unique; repeated: {dupes}")
+        smoke = {b.name for b in self.benchmarks if b.smoke}
+        for what, name in (("speedup", self.speedup.benchmark), ("recipe", self.recipe.benchmark)):
+            if name is not None and (name not in names or name in smoke):
+                raise ValueError(
+                    f"evaluate.{what}.benchmark {name!r} is not a (non-smoke) benchmark in {names}"
+                )
         return self
 
     def mode_for(self, checkpoint: str) -> Literal["parallel", "sequential"]:

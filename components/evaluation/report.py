@@ -24,54 +24,70 @@ def _pct(value: Any) -> str:
     return "–" if value is None else f"{100 * float(value):.1f}"
 
 
-def benchmark_names(eval_metrics: Mapping[str, Any]) -> list[str]:
+def benchmark_names(eval_metrics: Mapping[str, Any], smoke: bool | None = None) -> list[str]:
+    """Benchmarks in first-seen order; ``smoke`` True/False keeps only smoke / only main ones."""
     names: list[str] = []
     for ckpt in eval_metrics["checkpoints"].values():
-        names.extend(b for b in ckpt["benchmarks"] if b not in names)
+        flagged = set(ckpt.get("smoke_benchmarks", []))
+        names.extend(
+            b for b in ckpt["benchmarks"] if b not in names and (smoke is None or (b in flagged) == smoke)
+        )
     return names
 
 
-def accuracy_table(eval_metrics: Mapping[str, Any]) -> str:
-    """Rows: checkpoints; columns: benchmarks (avg@n, in %) and their average (Table 2 shape)."""
-    benches = benchmark_names(eval_metrics)
+def accuracy_table(eval_metrics: Mapping[str, Any], smoke: bool = False) -> str:
+    """Rows: checkpoints; columns: benchmarks (avg@n, in %) and their average (Table 2 shape). With
+    ``smoke`` the smoke samples instead, without an average (they are never averaged)."""
+    benches = benchmark_names(eval_metrics, smoke=smoke)
     n_of = {}
     for ckpt in eval_metrics["checkpoints"].values():
         for b, m in ckpt["benchmarks"].items():
             n_of.setdefault(b, m["n_samples"])
-    header = ["checkpoint", "mode", *(f"{b} (avg@{n_of[b]})" for b in benches), "average"]
+    header = ["checkpoint", "mode", *(f"{b} (avg@{n_of[b]})" for b in benches)]
+    if not smoke:
+        header.append("average")
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for name, ckpt in eval_metrics["checkpoints"].items():
         cells = [name, ckpt["mode"]]
         cells += [_pct(ckpt["benchmarks"].get(b, {}).get("accuracy")) for b in benches]
-        cells.append(_pct(ckpt["average_accuracy"]))
+        if not smoke:
+            cells.append(_pct(ckpt["average_accuracy"]))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def throughput_table(eval_metrics: Mapping[str, Any]) -> str:
-    """Rows: checkpoints; tokens/s in their own mode and sequentially, achieved vs ideal speedup (Table 3)."""
+    """Rows: checkpoints; tokens/s of the evaluation decode (its own mode), the ideal speedup of its traces,
+    and, for parallel checkpoints, the speedup decode (Table 3): both modes' tokens/s, achieved vs ideal."""
     header = [
         "checkpoint",
         "mode",
         "tokens/s",
+        "mean tokens",
+        "ideal speedup",
+        "speedup decode (problems x batch)",
+        "parallel tokens/s",
         "sequential tokens/s",
         "achieved speedup",
-        "ideal speedup",
+        "ideal (its traces)",
         "achieved / ideal",
-        "mean tokens",
     ]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for name, ckpt in eval_metrics["checkpoints"].items():
         tp = ckpt["throughput"]
+        sp = ckpt.get("speedup") or {}
         cells = [
             name,
             ckpt["mode"],
             _f(tp["tokens_per_s"], 1),
-            _f(tp.get("sequential_tokens_per_s"), 1),
-            _f(tp.get("achieved_speedup"), 2),
-            _f(tp["ideal_speedup"], 2),
-            _f(tp.get("speedup_efficiency"), 2),
             _f(tp["mean_tokens"], 1),
+            _f(tp["ideal_speedup"], 2),
+            f"{sp['n_problems']} x {sp['batch_size']}" if sp else "–",
+            _f(sp.get("parallel_tokens_per_s"), 1),
+            _f(sp.get("sequential_tokens_per_s"), 1),
+            _f(sp.get("achieved_speedup"), 2),
+            _f(sp.get("ideal_speedup"), 2),
+            _f(sp.get("efficiency"), 2),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -122,12 +138,31 @@ def render_report(eval_metrics: Mapping[str, Any], title: str, images: Sequence[
         "Accuracy is avg@n: the fraction of the n samples of a problem that are correct, averaged over "
         "problems (in %). pass@k is the unbiased estimator. Parallel rate counts responses with at least one "
         "valid block of ≥ 2 plans (and ≥ 1 plan). Speedup compares tokens/s of the same checkpoint on the "
-        "same prompts decoded in parallel vs sequential mode; ideal = total / critical-path tokens.",
+        "same prompts decoded in parallel vs sequential mode (the speedup decode, at its own batch size); "
+        "ideal = total / critical-path tokens.",
         "",
+    ]
+    if eval_metrics.get("recipe"):
+        from components.evaluation.recipe import recipe_markdown
+
+        parts += ["## Recipe (the paper's comparison)", "", recipe_markdown(eval_metrics["recipe"]), ""]
+    parts += [
         "## Accuracy",
         "",
         accuracy_table(eval_metrics),
         "",
+    ]
+    if benchmark_names(eval_metrics, smoke=True):
+        parts += [
+            "## Smoke samples (not in any average)",
+            "",
+            "A few problems of each real benchmark, decoded to check the path runs end to end; the tiny "
+            "model is not expected to solve them.",
+            "",
+            accuracy_table(eval_metrics, smoke=True),
+            "",
+        ]
+    parts += [
         "## Throughput",
         "",
         throughput_table(eval_metrics),
@@ -186,7 +221,7 @@ def publish_wandb(
 
     from components.tracking import stage_run
 
-    benches = benchmark_names(eval_metrics)
+    benches = benchmark_names(eval_metrics, smoke=False)
     table = wandb.Table(columns=["checkpoint", "mode", *benches, "average"])
     for name, ckpt in eval_metrics["checkpoints"].items():
         accs = [ckpt["benchmarks"].get(b, {}).get("accuracy") for b in benches]

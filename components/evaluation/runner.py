@@ -4,8 +4,9 @@ Shared by the `evaluate` stage, `npr eval` (``adhoc``) and the nightly flow, so 
 same code. For each checkpoint and benchmark: render each problem's prompt, decode ``n_samples`` samples per
 problem with the engine (parallel mode for parallel checkpoints), grade them, measure their structure on the
 token ids (``components.structure.trace_metrics``), and time the decode. Benchmarks small enough to share one
-engine batch are decoded in one call (``decode_groups``). For a parallel checkpoint the same prompts are
-decoded again in sequential mode to measure the achieved speedup.
+engine batch are decoded in one call (``decode_groups``). For a parallel checkpoint the speedup decode
+(``measure_speedup``) decodes the same prompts in both modes at the configured batch size. Smoke benchmarks
+(``BenchmarkSpec.smoke``) are measured and reported but kept out of every average and of the speedup.
 """
 
 from __future__ import annotations
@@ -22,7 +23,12 @@ from typing import Any, Literal
 
 from components.artifacts import write_shards
 from components.evaluation.config import BenchmarkSpec, EvaluateConfig
-from components.evaluation.metrics import achieved_speedup, ideal_speedup, summarize_records
+from components.evaluation.metrics import (
+    achieved_speedup,
+    ideal_speedup,
+    summarize_records,
+    tokens_per_second,
+)
 
 log = logging.getLogger(__name__)
 
@@ -91,10 +97,10 @@ def checkpoint_hash(model_dir: Path | str) -> str:
 
 
 def needs_problems_dir(specs: Sequence[BenchmarkSpec]) -> bool:
-    """Whether a benchmark is the held-out split of `sample_orz` (read from its problems directory)."""
-    from components.data.benchmarks import TINY_TEST
+    """Whether a benchmark is a split of `sample_orz` (read from its problems directory)."""
+    from components.data.benchmarks import SPLIT_BENCHMARKS
 
-    return any(s.name == TINY_TEST for s in specs)
+    return any(s.name in SPLIT_BENCHMARKS for s in specs)
 
 
 def load_benchmark_problems(
@@ -262,8 +268,11 @@ def _tags_for(tokenizer: Any, schema_name: str, mode: Mode) -> Any:
         return None
 
 
-def _throughput(benches: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
-    """Checkpoint-level throughput over all its benchmarks (sums before ratios, like the wall clock)."""
+def _throughput(
+    benches: Mapping[str, Mapping[str, Any]], speedup: Mapping[str, Any] | None = None
+) -> dict[str, float]:
+    """Checkpoint-level throughput over its (non-smoke) benchmarks (sums before ratios, like the wall clock),
+    and the speedup decode's numbers when there was one."""
     tokens = sum(m["total_tokens"] for m in benches.values())
     wall = sum(m["wall_s"] for m in benches.values())
     responses = sum(m["n_problems"] * m["n_samples"] for m in benches.values())
@@ -277,13 +286,79 @@ def _throughput(benches: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
         if sum(m["total_critical_path_tokens"] for m in benches.values())
         else 1.0,
     }
-    if all("sequential_tokens_per_s" in m for m in benches.values()):
-        seq_tokens = sum(m["sequential_total_tokens"] for m in benches.values())
-        seq_wall = sum(m["sequential_wall_s"] for m in benches.values())
-        out["sequential_tokens_per_s"] = seq_tokens / seq_wall
-        out["achieved_speedup"] = achieved_speedup(out["tokens_per_s"], out["sequential_tokens_per_s"])
-        out["speedup_efficiency"] = out["achieved_speedup"] / out["ideal_speedup"]
+    if speedup:
+        out["sequential_tokens_per_s"] = speedup["sequential_tokens_per_s"]
+        out["achieved_speedup"] = speedup["achieved_speedup"]
+        out["speedup_ideal"] = speedup["ideal_speedup"]
+        out["speedup_efficiency"] = speedup["efficiency"]
     return out
+
+
+def speedup_problems(
+    problems: Mapping[str, Sequence[Mapping[str, Any]]], specs: Sequence[BenchmarkSpec], ecfg: EvaluateConfig
+) -> list[Mapping[str, Any]]:
+    """The problems the speedup decode uses: ``speedup.benchmark``'s (else every non-smoke benchmark's),
+    the first ``speedup.max_problems`` of them."""
+    sp = ecfg.speedup
+    names = [sp.benchmark] if sp.benchmark else [s.name for s in specs if not s.smoke]
+    chosen = [p for name in names if name in problems for p in problems[name]]
+    return chosen[: sp.max_problems] if sp.max_problems else chosen
+
+
+def measure_speedup(
+    model: Any,
+    tokenizer: Any,
+    tags: Any,
+    problems: Sequence[Mapping[str, Any]],
+    cfg: Any,
+    prompt_style: Mode,
+) -> tuple[dict[str, Any], list[Any], list[Any]]:
+    """Decode the same prompts in parallel and in sequential mode, batch by batch, and compare tokens/s.
+
+    The modes alternate which goes first in each batch, so a machine whose speed drifts (a shared one) biases
+    neither. ``achieved_speedup`` = parallel tokens/s / sequential tokens/s; ``ideal_speedup`` = total /
+    critical-path tokens of the parallel traces (Amdahl); ``efficiency`` = achieved / ideal. Returns the
+    summary and both modes' generations (in prompt order).
+    """
+    from components.prompts import render_prompt
+
+    ecfg: EvaluateConfig = cfg.evaluate
+    if not problems:
+        raise ValueError("no problems for the speedup decode (evaluate.speedup)")
+    batch = ecfg.speedup.batch_size or ecfg.generation.batch_size
+    prompts = [render_prompt(tokenizer, p["problem"], cfg.prompts, prompt_style) for p in problems]
+    walls = {"parallel": 0.0, "sequential": 0.0}
+    gens: dict[str, list[Any]] = {"parallel": [], "sequential": []}
+    for i, start in enumerate(range(0, len(prompts), batch)):
+        chunk = prompts[start : start + batch]
+        order: tuple[Mode, Mode] = ("parallel", "sequential") if i % 2 == 0 else ("sequential", "parallel")
+        for mode in order:
+            gen_cfg = generation_config(ecfg, mode).model_copy(update={"batch_size": batch})
+            decoded, wall = _decode(model, tokenizer, tags, chunk, gen_cfg)
+            walls[mode] += wall
+            gens[mode] += decoded
+    tokens = {m: sum(g.total_tokens for g in gens[m]) for m in gens}
+    crit = [_structure(g, tags, cfg.schema_name)["critical_path_tokens"] for g in gens["parallel"]]
+    par_tps = tokens_per_second(tokens["parallel"], walls["parallel"])
+    seq_tps = tokens_per_second(tokens["sequential"], walls["sequential"])
+    ideal = ideal_speedup([g.total_tokens for g in gens["parallel"]], crit) if sum(crit) else 1.0
+    achieved = achieved_speedup(par_tps, seq_tps)
+    summary = {
+        "benchmark": ecfg.speedup.benchmark,
+        "n_problems": len(prompts),
+        "batch_size": batch,
+        "parallel_tokens": tokens["parallel"],
+        "sequential_tokens": tokens["sequential"],
+        "parallel_wall_s": walls["parallel"],
+        "sequential_wall_s": walls["sequential"],
+        "parallel_tokens_per_s": par_tps,
+        "sequential_tokens_per_s": seq_tps,
+        "achieved_speedup": achieved,
+        "ideal_speedup": ideal,
+        "efficiency": achieved / ideal,
+        "parallel_taken_rate": sum(g.parallel_taken for g in gens["parallel"]) / len(prompts),
+    }
+    return summary, gens["parallel"], gens["sequential"]
 
 
 def evaluate_checkpoints(
@@ -313,6 +388,7 @@ def evaluate_checkpoints(
             "checkpoints": {},
         }
     )
+    main_specs = [spec for spec in benchmarks if not spec.smoke] or list(benchmarks)
     for ckpt in checkpoints:
         model, tokenizer = load_model(ckpt.path, cfg.models, cfg.run)
         tags = _tags_for(tokenizer, cfg.schema_name, ckpt.mode)
@@ -320,22 +396,9 @@ def evaluate_checkpoints(
         result.records[ckpt.name] = {}
         args = (model, tokenizer, tags, problems, benchmarks, cfg, ckpt.name)
         decoded = evaluate_benchmarks(*args, ckpt.mode, ckpt.prompt_style)
-        speedup = ckpt.mode == "parallel" and ecfg.measure_speedup
-        sequential = evaluate_benchmarks(*args, "sequential", ckpt.prompt_style) if speedup else {}
         for spec in benchmarks:
             records, wall = decoded[spec.name]
             metrics = summarize_records(records, spec.k, wall)
-            if spec.name in sequential:
-                seq_records, seq_wall = sequential[spec.name]
-                seq = summarize_records(seq_records, spec.k, seq_wall)
-                metrics.update(
-                    sequential_accuracy=seq["accuracy"],
-                    sequential_tokens_per_s=seq["tokens_per_s"],
-                    sequential_total_tokens=seq["total_tokens"],
-                    sequential_wall_s=seq_wall,
-                    achieved_speedup=achieved_speedup(metrics["tokens_per_s"], seq["tokens_per_s"]),
-                )
-                result.sequential_records.setdefault(ckpt.name, {})[spec.name] = seq_records
             benches[spec.name] = metrics
             result.records[ckpt.name][spec.name] = records
             log.info(
@@ -346,19 +409,67 @@ def evaluate_checkpoints(
                 metrics["accuracy"],
                 metrics["tokens_per_s"],
             )
+        speedup = None
+        if ckpt.mode == "parallel" and ecfg.measure_speedup:
+            speedup = _speedup_for(model, tokenizer, tags, problems, benchmarks, cfg, ckpt, result)
+        main = {spec.name: benches[spec.name] for spec in main_specs}
         result.metrics["checkpoints"][ckpt.name] = {
             "mode": ckpt.mode,
             "prompt_style": ckpt.prompt_style,
             "path": str(ckpt.path),
             "checkpoint_hash": checkpoint_hash(ckpt.path),
             "benchmarks": benches,
-            "average_accuracy": sum(m["accuracy"] for m in benches.values()) / len(benches),
-            "throughput": _throughput(benches),
+            "smoke_benchmarks": [spec.name for spec in benchmarks if spec.smoke],
+            # Smoke samples are reported, never averaged.
+            "average_accuracy": sum(m["accuracy"] for m in main.values()) / len(main),
+            "throughput": _throughput(main, speedup),
+            **({"speedup": speedup} if speedup else {}),
         }
         del model
         gc.collect()
     result.metrics["n_records"] = sum(len(r) for b in result.records.values() for r in b.values())
+    if ecfg.recipe.benchmark is not None:
+        from components.evaluation.recipe import recipe_summary
+
+        rc = ecfg.recipe
+        result.metrics["recipe"] = recipe_summary(
+            result.metrics, result.records, rc.benchmark, rc.confidence, rc.resamples, rc.seed
+        )
     return result
+
+
+def _speedup_for(
+    model: Any,
+    tokenizer: Any,
+    tags: Any,
+    problems: Mapping[str, Sequence[Mapping[str, Any]]],
+    benchmarks: Sequence[BenchmarkSpec],
+    cfg: Any,
+    ckpt: CheckpointSpec,
+    result: EvalResult,
+) -> dict[str, Any]:
+    """The speedup decode of a parallel checkpoint; its sequential generations are graded and kept as
+    ``sequential_records`` (benchmark ``speedup``) so a reader can see what the comparison decoded."""
+    chosen = speedup_problems(problems, benchmarks, cfg.evaluate)
+    summary, _, seq_gens = measure_speedup(model, tokenizer, tags, chosen, cfg, ckpt.prompt_style)
+    from components.prompts import render_prompt
+
+    prompts = [render_prompt(tokenizer, p["problem"], cfg.prompts, ckpt.prompt_style) for p in chosen]
+    spec = BenchmarkSpec(name="speedup", n_samples=1, k=1)
+    labelled = [dict(p, answers=list(p["answers"])) for p in chosen]
+    seq_records = _records(seq_gens, prompts, labelled, spec, cfg, ckpt.name, "sequential", tags)
+    result.sequential_records.setdefault(ckpt.name, {})["speedup"] = seq_records
+    summary["sequential_accuracy"] = sum(r["correct"] for r in seq_records) / len(seq_records)
+    log.info(
+        "%s speedup at batch %d on %d problems: achieved %.2f, ideal %.2f (%.2f)",
+        ckpt.name,
+        summary["batch_size"],
+        summary["n_problems"],
+        summary["achieved_speedup"],
+        summary["ideal_speedup"],
+        summary["efficiency"],
+    )
+    return summary
 
 
 def write_records(result: EvalResult, records_dir: Path, n_shards: int) -> int:

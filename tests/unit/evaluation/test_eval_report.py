@@ -18,9 +18,19 @@ def _two_checkpoints(make_eval: Any) -> dict[str, Any]:
         "tokens_per_s": 3000.0,
         "sequential_tokens_per_s": 1000.0,
         "achieved_speedup": 3.0,
-        "ideal_speedup": 3.5,
+        "ideal_speedup": 3.4,
+        "speedup_ideal": 3.5,
         "speedup_efficiency": 3.0 / 3.5,
         "mean_tokens": 60.0,
+    }
+    par["speedup"] = {
+        "n_problems": 16,
+        "batch_size": 4,
+        "parallel_tokens_per_s": 3000.0,
+        "sequential_tokens_per_s": 1000.0,
+        "achieved_speedup": 3.0,
+        "ideal_speedup": 3.5,
+        "efficiency": 3.0 / 3.5,
     }
     seq = {
         "mode": "sequential",
@@ -44,8 +54,8 @@ def test_accuracy_table_is_table_2_shaped(make_eval: Any) -> None:
 
 def test_report_has_throughput_and_detail(make_eval: Any) -> None:
     md = render_report(_two_checkpoints(make_eval), "Eval", ["accuracy.png"])
-    assert "| papo_rl | parallel | 3000.0 | 1000.0 | 3.00 | 3.50 | 0.86 | 60.0 |" in md
-    assert "| sr_rl | sequential | 1100.0 | – | – | 1.00 | – | 70.0 |" in md
+    assert "| papo_rl | parallel | 3000.0 | 60.0 | 3.40 | 16 x 4 | 3000.0 | 1000.0 | 3.00 | 3.50 | 0.86 |" in md
+    assert "| sr_rl | sequential | 1100.0 | 70.0 | 1.00 | – | – | – | – | – | – |" in md
     assert "| papo_rl | aime24 | 200 × 8 | 70.0 (k=4) |" in md
     assert md.rstrip().endswith("![accuracy](accuracy.png)")
 
@@ -69,3 +79,16 @@ def test_plot_rows_and_pngs(make_eval: Any, tmp_path: Path) -> None:
 def test_prefect_publishing_is_skipped_outside_a_flow_run() -> None:
     assert in_prefect_run() is False
     assert publish_prefect("# x", "key", "d") is False
+
+
+def test_smoke_samples_get_their_own_table_and_no_average(make_eval: Any) -> None:
+    ev = _two_checkpoints(make_eval)
+    for ckpt in ev["checkpoints"].values():
+        ckpt["smoke_benchmarks"] = ["aime24"]
+    main = accuracy_table(ev).splitlines()
+    assert main[0] == "| checkpoint | mode | tiny_test (avg@4) | average |"
+    smoke = accuracy_table(ev, smoke=True).splitlines()
+    assert smoke[0] == "| checkpoint | mode | aime24 (avg@8) |"
+    assert smoke[3] == "| papo_rl | parallel | 10.0 |"
+    md = render_report(ev, "Eval")
+    assert "## Smoke samples (not in any average)" in md
