@@ -31,8 +31,8 @@ sys.path.insert(0, str(REPO))
 from components.config import load_config  # noqa: E402
 from components.data import synthetic  # noqa: E402
 from components.models.tiny import build_tiny_model, train_tokenizer  # noqa: E402
+from components.models.tiny_seed import SeedSource, tokenizer_corpus  # noqa: E402
 from components.prompts import render_prompt  # noqa: E402
-from components.stages.seed import SeedSource, tokenizer_corpus  # noqa: E402
 from components.training.rl import RLTrainer  # noqa: E402
 from components.training.rl_batch import Rollout  # noqa: E402
 from components.training.sft import SFTSettings, _train_step, build_optimizer, build_scheduler  # noqa: E402
@@ -48,7 +48,7 @@ def sft_steps(cfg, tok, repeats: int) -> None:
         cfg.models.tiny, tok, 0, pad_vocab_to_multiple_of=cfg.models.pad_embeddings_to_multiple_of
     )
     model.train()
-    source = SeedSource(cfg, tok, set())
+    source = SeedSource(cfg, tok)
     steps = [source(k) for k in range(repeats + 1)]
     times: dict[int, list[float]] = {1: [], 2: [], 4: []}
     optimizers = {}
