@@ -17,7 +17,7 @@ from components.prompts import render_prompt
 def warm_up(model, tok, cfg, steps: int, batch: int = 16, lr: float = 3e-3, seed: int = 0) -> None:
     """Some causal-LM steps on rendered solutions (80% parallel), loss on the response only."""
     rng = random.Random(seed)
-    problems = generate_problems(400, seed=seed + 11)
+    problems = generate_problems(400, seed=seed + 11, weights={"easy": 1.0})  # the shortest traces
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     model.train()
     for _ in range(steps):

@@ -27,7 +27,7 @@ def small_cfg(stage: str, *extra: str):
 
 
 def problems():
-    ps = generate_problems(48, seed=21)
+    ps = generate_problems(48, seed=21, weights={"easy": 1.0})  # the shortest traces
     return ps[:40], ps[40:]
 
 
