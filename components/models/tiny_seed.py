@@ -318,7 +318,10 @@ def _summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _per_difficulty(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    levels = sorted({str(r["difficulty"]) for r in rows})
+    from components.data.synthetic import DIFFICULTIES
+
+    seen = {str(r["difficulty"]) for r in rows}
+    levels = [d for d in DIFFICULTIES if d in seen] + sorted(seen - set(DIFFICULTIES))
     return {lv: _summary([r for r in rows if str(r["difficulty"]) == lv]) for lv in levels}
 
 
@@ -472,7 +475,9 @@ def build_card(
             "torch_threads": threads,
         },
         "training": {
-            **{k: v for k, v in result.summary().items() if k != "resumed_from_step"},
+            **result.summary(),
+            # a resumed build's own clock covers only its last session: the logged step times cover all
+            "estimated_total_train_time_s": estimated_train_time_s(result.history, result.final_step),
             "history_every": LOG_EVERY,
             "loss_curve": [
                 {"step": int(h["step"]), "loss": round(float(h["loss"]), 5)} for h in result.history
@@ -491,6 +496,33 @@ def build_card(
             },
         },
     }
+
+
+def estimated_train_time_s(history: Sequence[dict[str, Any]], steps: int) -> float | None:
+    """``steps`` x the mean logged step time: the whole build's training time, resumed sessions included."""
+    times = [float(h["step_time_s"]) for h in history if "step_time_s" in h]
+    return round(steps * sum(times) / len(times), 1) if times else None
+
+
+def _build_sentence(card: dict[str, Any]) -> str:
+    env, training = card["environment"], card["training"]
+    text = f"- Built with torch {env['torch']} on {env['torch_threads']} thread(s)"
+    resumed = training.get("resumed_from_step") or 0
+    if resumed:
+        text += (
+            f", in two sessions: the build was interrupted after step {resumed} and resumed from that "
+            f"checkpoint (`train_sft` restores weights, optimizer, scheduler and RNG; the data are a pure "
+            f"function of the step), the last session training {training['train_wall_time_s']:.0f} s"
+        )
+    else:
+        text += f" in {training['train_wall_time_s']:.0f} s"
+    estimate = training.get("estimated_total_train_time_s")
+    if estimate:
+        text += (
+            f"; all {training['steps']} steps about {estimate / 60:.0f} min of wall time ({training['steps']} x "
+            "the mean logged step time, on a shared machine)"
+        )
+    return text + f"; final loss {training['final_loss']:.4f}."
 
 
 def render_card(card: dict[str, Any]) -> str:
@@ -522,8 +554,7 @@ def render_card(card: dict[str, Any]) -> str:
         f"space by content id ({card['data']['partition']['rule']}: "
         f"{card['data']['partition']['reserved']}), never drawn for training; real benchmark problems are not "
         "synthetic problems.",
-        f"- Built with torch {card['environment']['torch']} on {card['environment']['torch_threads']} threads "
-        f"in {card['training']['train_wall_time_s']:.0f} s; final loss {card['training']['final_loss']:.4f}.",
+        _build_sentence(card),
         "",
         "## Validation (validation partition, one sample per problem at temperature 1.0)",
         "",
