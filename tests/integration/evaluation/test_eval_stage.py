@@ -93,8 +93,12 @@ def test_metrics_json_has_every_checkpoint_and_provenance(world: dict[str, Any])
     assert ckpts["seed"]["checkpoint_hash"] != ckpts["papo_rl"]["checkpoint_hash"]
     bench = ckpts["papo_rl"]["benchmarks"]["tiny_test"]
     assert (bench["n_problems"], bench["n_samples"], bench["k"]) == (N_PROBLEMS, N_SAMPLES, 2)
-    # Only the parallel checkpoint is re-decoded sequentially for the speedup.
-    assert "achieved_speedup" in bench and "achieved_speedup" not in ckpts["seed"]["benchmarks"]["tiny_test"]
+    # Only the parallel checkpoint gets the speedup decode (both modes on the same prompts).
+    assert "speedup" in ckpts["papo_rl"] and "speedup" not in ckpts["seed"]
+    assert ckpts["papo_rl"]["speedup"]["n_problems"] == N_PROBLEMS
+    # The recipe table compares the two checkpoints on the held-out problems, paired.
+    assert [r["checkpoint"] for r in saved["recipe"]["rows"]] == ["seed", "papo_rl"]
+    assert [c["claim"] for c in saved["recipe"]["claims"]] == ["NPR ≥ seed (instruct)"]
     assert saved["settings"]["sampling"]["max_new_tokens"] == 24
     assert saved["n_records"] == 2 * N_PROBLEMS * N_SAMPLES
     # Logged to W&B (offline), the run id kept in the stage's work dir beside its outputs.
@@ -114,10 +118,13 @@ def test_every_number_agrees_with_the_records(world: dict[str, Any]) -> None:
         assert all(0 < r["n_tokens"] <= 24 for r in records)
         assert m["format_valid_rate"] == pytest.approx(sum(r["valid"] for r in records) / len(records))
         assert m["tokens_per_s"] == pytest.approx(m["total_tokens"] / m["wall_s"])
-    seq = read_shards(records_dir / "papo_rl", stem="tiny_test.sequential")
-    assert {r["mode"] for r in seq} == {"sequential"} and len(seq) == N_PROBLEMS * N_SAMPLES
-    tp = world["metrics"]["checkpoints"]["papo_rl"]["throughput"]
-    assert tp["achieved_speedup"] == pytest.approx(tp["tokens_per_s"] / tp["sequential_tokens_per_s"])
+    seq = read_shards(records_dir / "papo_rl", stem="speedup.sequential")
+    assert {r["mode"] for r in seq} == {"sequential"} and len(seq) == N_PROBLEMS
+    ckpt = world["metrics"]["checkpoints"]["papo_rl"]
+    sp, tp = ckpt["speedup"], ckpt["throughput"]
+    assert sp["achieved_speedup"] == pytest.approx(sp["parallel_tokens_per_s"] / sp["sequential_tokens_per_s"])
+    assert sp["sequential_tokens"] == sum(r["n_tokens"] for r in seq)
+    assert tp["achieved_speedup"] == sp["achieved_speedup"] and tp["speedup_efficiency"] == sp["efficiency"]
 
 
 def test_report_plots_and_plot_data_render(world: dict[str, Any]) -> None:
@@ -125,7 +132,9 @@ def test_report_plots_and_plot_data_render(world: dict[str, Any]) -> None:
     text = (report_dir / "report.md").read_text()
     assert "## Accuracy" in text and "## Throughput" in text
     assert "| checkpoint | mode | tiny_test (avg@2) | average |" in text
-    assert text.count("| seed | sequential |") == 2 and text.count("| papo_rl | parallel |") == 2
+    # accuracy and throughput tables, and the recipe table's rows ("| NPR | papo_rl | parallel |")
+    assert text.count("| seed | sequential |") == 3 and text.count("| papo_rl | parallel |") == 3
+    assert "## Recipe (the paper's comparison)" in text and "| NPR ≥ seed (instruct) |" in text
     for png in ("accuracy.png", "speedup.png"):
         assert (report_dir / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"]({png})" in text
