@@ -66,7 +66,9 @@ def load_tuning_split(problems_dir: Path | str) -> tuple[str, list[dict[str, Any
     """``(split name, records)`` of the split that in-stage measurements (RL held-out evals, the seed's
     numbers) read: the validation split when `sample_orz` wrote one, else the test split. Tuning decisions
     are made on these numbers, so on a profile with ``val_n > 0`` the test split is read only by `evaluate`."""
-    val = load_problems(problems_dir, "val")
-    if val:
-        return "val", val
+    # a profile with val_n: 0 (qwen3-4b) or a problems dir written before the split existed has no val shards
+    if any(Path(problems_dir).glob("val-*.jsonl")):
+        val = load_problems(problems_dir, "val")
+        if val:
+            return "val", val
     return "test", load_problems(problems_dir, "test")

@@ -27,11 +27,13 @@ def _cfg(**sample):
 
 
 def test_synthetic_source_outputs_metrics_and_determinism(tmp_path):
-    cfg = _cfg(synthetic_pool=400, n=150, test_n=40, n_shards=2, seed=5)
+    # each split is drawn from its own partition of the problem space (5% test, 5% val), so the pool must
+    # hold enough of each
+    cfg = _cfg(synthetic_pool=2000, n=150, test_n=40, val_n=30, n_shards=2, seed=5)
     metrics = sample_orz.run(cfg, _io(tmp_path / "a"))
-    assert metrics["rows_in"] == 400 and metrics["kept"] == 400
+    assert metrics["rows_in"] == 2000 and metrics["kept"] == 2000
     assert metrics["quarantined"] == metrics["duplicates"] == 0
-    assert (metrics["n_train"], metrics["n_test"]) == (150, 40)
+    assert (metrics["n_train"], metrics["n_val"], metrics["n_test"]) == (150, 30, 40)
     assert sum(metrics["per_difficulty"]["train"].values()) == 150
     problems = tmp_path / "a" / "problems"
     assert sorted(p.name for p in problems.iterdir()) == [
@@ -39,9 +41,12 @@ def test_synthetic_source_outputs_metrics_and_determinism(tmp_path):
         "test-00000.jsonl",
         "train-00000.jsonl",
         "train-00001.jsonl",
+        "val-00000.jsonl",
     ]
     train, test = load_problems(problems, "train"), load_problems(problems, "test")
+    val = load_problems(problems, "val")
     assert not {r["id"] for r in train} & {r["id"] for r in test}
+    assert not {r["id"] for r in val} & ({r["id"] for r in train} | {r["id"] for r in test})
     assert {"id", "problem", "answer", "source", "difficulty", "split"} <= set(train[0])
     manifest = read_json(problems / "manifest.json")
     assert manifest["seed"] == 5 and manifest["source"]["source"] == "synthetic"
@@ -67,7 +72,7 @@ def test_local_orz_source_with_bad_rows_and_a_truncated_file(tmp_path):
     (orz_dir / "a.json").write_text(json.dumps(good + bad))
     cut = json.dumps([_item("What is 12 squared?", "144"), _item("What is 13 squared?", "169")], indent=4)
     (orz_dir / "b.json").write_text(cut[: cut.rindex("13 squared")])
-    cfg = _cfg(source="local", local_path=str(orz_dir), n=30, test_n=5, min_kept_fraction=0.9)
+    cfg = _cfg(source="local", local_path=str(orz_dir), n=30, test_n=5, val_n=0, min_kept_fraction=0.9)
     with pytest.raises(Exception, match="recover_truncated"):
         sample_orz.run(cfg, _io(tmp_path / "out"))
     cfg.sample_orz = cfg.sample_orz.model_copy(update={"recover_truncated": True})
@@ -93,7 +98,7 @@ def test_floor_failure_writes_audit_aside_and_leaves_outputs_alone(tmp_path):
     out = tmp_path / "artifacts" / "sample_orz"
     (out / "problems").mkdir(parents=True)
     (out / "problems" / "previous.txt").write_text("kept")
-    cfg = _cfg(source="local", local_path=str(orz_dir), n=2, test_n=0, min_kept_fraction=0.9)
+    cfg = _cfg(source="local", local_path=str(orz_dir), n=2, test_n=0, val_n=0, min_kept_fraction=0.9)
     with pytest.raises(DataQualityError, match="only 5/8 rows"):
         sample_orz.run(cfg, _io(out))
     assert (out / "problems" / "previous.txt").read_text() == "kept"
