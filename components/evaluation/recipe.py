@@ -236,7 +236,7 @@ def recipe_markdown(summary: Mapping[str, Any]) -> str:
         )
     lines += [
         "",
-        f"| claim (paper) | difference, points [{conf}] | holds | interval excludes 0 |",
+        f"| claim (paper) | difference, points [{conf}] | holds | significant (interval on the claimed side) |",
         "|---|---|---|---|",
     ]
     for c in summary["claims"]:
