@@ -44,7 +44,9 @@ def main() -> int:
     model, tokenizer = load_model(args.checkpoint, cfg.models, cfg.run)
     tags = TagIds.from_tokenizer(tokenizer, cfg.schema_name)
     print(f"{args.checkpoint} on {len(problems)} tiny_test problems, {args.threads} thread(s)\n")
-    print("| batch | parallel tokens/s | sequential tokens/s | achieved | ideal | achieved / ideal | parallel taken |")
+    print(
+        "| batch | parallel tokens/s | sequential tokens/s | achieved | ideal | achieved / ideal | parallel taken |"
+    )
     print("|---|---|---|---|---|---|---|")
     for batch in (int(b) for b in args.batch_sizes.split(",")):
         run_cfg = cfg.model_copy(deep=True)
