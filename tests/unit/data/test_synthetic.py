@@ -125,9 +125,21 @@ def test_parallel_pinned_example_with_negative_answer():
     record = {"problem": "Compute (2 + 3 - 4) - (9 - 1 - 8 + 6) - (1 + 1).", "answer": "-7"}
     assert render_solution(record, "parallel", random.Random(0)) == (
         "<guideline><plan>1: first bracket</plan><plan>2: second bracket</plan><plan>3: third bracket</plan>"
-        "</guideline><step>1: 2 + 3 - 4 = 5 - 4 = 1</step><step>2: 9 - 1 - 8 + 6 = 8 - 8 + 6 = 0 + 6 = 6</step>"
-        "<step>3: 1 + 1 = 2</step><takeaway>1 - 6 - 2 = -7</takeaway> \\boxed{-7}"
+        "</guideline><step>1: 2 + 3 - 4 = 5 - 4 = 1; v1=1</step>"
+        "<step>2: 9 - 1 - 8 + 6 = 8 - 8 + 6 = 0 + 6 = 6; v2=6</step>"
+        "<step>3: 1 + 1 = 2; v3=2</step><takeaway>v1=1 - v2=6 - v3=2 = -7</takeaway> \\boxed{-7}"
     )
+
+
+def test_takeaway_names_every_value_as_its_step_does():
+    """The takeaway copies each value by its name (``v2=``), which its step writes right before the value:
+    a copy by content, the same under the causal and the parallel mask."""
+    for r in generate_problems(50, seed=2, weights={"easy": 1, "medium": 1, "hard": 1}):
+        text = render_solution(r, "parallel", random.Random(0))
+        steps = re.findall(r"<step>(\d+): [^<]*; (v\d+)=(\d+)</step>", text)
+        takeaway = re.search(r"<takeaway>(.*) = -?\d+</takeaway>", text).group(1)
+        assert [(f"v{i}", v) for i, _, v in steps] == [(n, v) for _, n, v in steps]
+        assert re.findall(r"(v\d+)=(\d+)", takeaway) == [(n, v) for _, n, v in steps]
 
 
 def test_sequential_templates_end_in_boxed_and_have_no_tags():
