@@ -23,7 +23,7 @@ import urllib.request
 from typing import Any
 
 from components.engine.config import GenerationConfig
-from components.engine.decoder import end_of_turn_ids
+from components.engine.controller import end_of_turn_ids
 from components.engine.generation import Generation
 
 
@@ -86,13 +86,18 @@ def _to_generation(
 
 
 def generate_sglang(
-    tokenizer: Any, prompts: list[str], cfg: GenerationConfig, response_prefixes: list[str] | None = None
+    tokenizer: Any,
+    prompts: list[str],
+    cfg: GenerationConfig,
+    tags: Any | None = None,
+    response_prefixes: list[str] | None = None,
 ) -> list[Generation]:
     """Sequential sampling on an SGLang server, ``cfg.batch_size`` prompts per request.
 
     ``cfg.seed`` is not forwarded: server-side sampling is seeded by the server's own ``random_seed``
     (infra/), so sglang runs are reproducible only as far as the server's deterministic mode allows.
     """
+    del tags  # replaced by the controller-driven client in the next commit
     if cfg.mode == "parallel" or response_prefixes is not None:
         raise ValueError(
             "the sglang backend samples sequentially without forced prefixes; use backend='torch' for "
