@@ -103,7 +103,7 @@ def compute_policy_loss_papo(
 
     Args:
         old_log_prob: ``(bs, response_length)``; not used by the objective (strict on-policy: there is no
-            old-policy pass), only to report ``actor/ppo_kl`` when the caller supplies one.
+            old-policy pass), only to report ``actor/ppo_kl`` over its finite entries.
         log_prob: ``(bs, response_length)`` log-probabilities under the current policy (with grad).
         advantages: ``(bs, response_length)``.
         response_mask: ``(bs, response_length)``.
@@ -121,7 +121,11 @@ def compute_policy_loss_papo(
     batch_info = dict(getattr(config, "global_batch_info", None) or {}) if config is not None else {}
     loss = agg_loss(loss_mat=pg_losses, loss_mask=response_mask, loss_agg_mode=loss_agg_mode, **batch_info)
     with torch.no_grad():
-        ppo_kl = verl_F.masked_mean(old_log_prob - log_prob, response_mask)
+        # old log-probs are the rollout's in verl's bypass mode: NaN for tokens a server forced into a
+        # prompt and could not score (components.engine.async_driver); they carry no KL information
+        known = torch.isfinite(old_log_prob)
+        diff = torch.where(known, old_log_prob - log_prob, torch.zeros_like(log_prob))
+        ppo_kl = verl_F.masked_mean(diff, response_mask * known)
     metrics = {"actor/pg_clipfrac": 0.0, "actor/ppo_kl": ppo_kl.item(), "actor/pg_clipfrac_lower": 0.0}
     return loss, metrics
 

@@ -14,7 +14,7 @@ No verl file is edited; ``components.training.verl_launch.validate_job`` checks 
 """
 
 from components.training import papo  # noqa: F401  (registers the papo loss and advantage)
-from components.training.verl_plugins import engine, reward  # noqa: F401  (register on import)
+from components.training.verl_plugins import agent_loop, engine, reward  # noqa: F401  (register on import)
 from components.training.verl_plugins.names import (
     AGENT_LOOP,
     ENGINE_VENDOR,

@@ -21,7 +21,7 @@ from typing import Any
 from verl.experimental.reward_loop.reward_manager import register
 from verl.experimental.reward_loop.reward_manager.dapo import DAPORewardManager
 
-from components.engine.decoder import end_of_turn_ids
+from components.engine.controller import end_of_turn_ids
 from components.training.verl_plugins.names import REWARD_MANAGER
 
 
