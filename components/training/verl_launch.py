@@ -38,7 +38,7 @@ import json
 import os
 import shlex
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -428,7 +428,6 @@ class VerlJobCheck:
     ulysses_sp: int
     bypass_mode: bool
     post_merge_is_threshold: float | None
-    notes: list[str] = field(default_factory=list)
 
     @property
     def native_parallel(self) -> bool:

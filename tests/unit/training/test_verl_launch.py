@@ -175,8 +175,10 @@ def test_a_job_verl_rejects_raises_config_error_naming_our_setting():
         validate_job("papo_rl", load_config(profile="qwen3-4b", overrides=["papo_rl.verl.ulysses_sp=2"]))
 
 
-def test_dry_run_shows_a_native_parallel_papo_job(capsys, in_repo):
-    assert verl_launch_main(["papo_rl", "--dry-run", "--profile", "qwen3-4b"]) == 0
+@pytest.mark.parametrize("profile_args", [[], ["--profile", "qwen3-4b"]], ids=["params.yaml", "qwen3-4b"])
+def test_dry_run_shows_a_native_parallel_papo_job(capsys, in_repo, profile_args):
+    """`python -m components.training.verl_launch papo_rl --dry-run` (params.yaml, or a profile)."""
+    assert verl_launch_main(["papo_rl", "--dry-run", *profile_args]) == 0
     out = capsys.readouterr().out
     assert "verl accepts the job" in out
     for line in (
@@ -193,3 +195,49 @@ def test_dry_run_shows_a_native_parallel_papo_job(capsys, in_repo):
     assert "actor_rollout_ref.rollout.agent.default_agent_loop=npr_parallel" in argv
     env = json.loads(next(a for a in argv if a.startswith("--runtime-env-json=")).split("=", 1)[1])
     assert env["env_vars"]["VERL_ENGINE_VENDOR"] == "npr"
+
+
+def _problems_dir(tmp_path, n_train: int, n_test: int):
+    from components.artifacts import write_shards
+    from components.data.synthetic import generate_problems
+
+    rows = generate_problems(n_train + n_test, seed=2)
+    out = tmp_path / "problems"
+    write_shards(out, [{**r, "split": "test"} for r in rows[:n_test]], 1, stem="test")
+    write_shards(out, [{**r, "split": "train"} for r in rows[n_test:]], 1, stem="train")
+    return out
+
+
+def test_papo_stage_on_qwen3_4b_prepares_a_validated_native_parallel_job(tmp_path, in_repo):
+    """What `npr stage papo_rl` (backend verl) writes before it submits: the job validate_job accepted,
+    with a held-out validation set of the stage's eval_n problems."""
+    import pandas as pd
+
+    from components.training.verl_launch import prepare_launch
+
+    cfg = load_config(profile="qwen3-4b")
+    problems = _problems_dir(tmp_path, n_train=8, n_test=40)
+    run_dir = tmp_path / "verl"
+    argv, path = prepare_launch("papo_rl", cfg, tmp_path / "npr-beta", problems, run_dir)
+    saved = yaml.safe_load(path.read_text())
+    overrides = set(saved["overrides"])
+    assert "actor_rollout_ref.rollout.agent.default_agent_loop=npr_parallel" in overrides
+    assert "actor_rollout_ref.model.use_remove_padding=False" in overrides
+    assert "+actor_rollout_ref.model.override_config.attn_implementation=sdpa" in overrides
+    assert "reward.reward_manager.name=npr" in overrides
+    assert saved["runtime_env"]["env_vars"]["VERL_ENGINE_VENDOR"] == "npr"
+    assert argv == shlex.split(saved["command"])
+    val = pd.read_parquet(run_dir / "val.parquet")
+    assert len(val) == cfg.papo_rl.eval_n == 30 and set(val["extra_info"].map(lambda e: e["split"])) == {
+        "test"
+    }
+
+
+def test_a_profile_without_held_out_problems_fails_before_any_file_is_written(tmp_path, in_repo):
+    from components.training.verl_launch import prepare_launch
+
+    cfg = load_config(profile="qwen3-4b")
+    problems = _problems_dir(tmp_path, n_train=8, n_test=0)
+    with pytest.raises(ConfigError, match="sample_orz.test_n"):
+        prepare_launch("papo_rl", cfg, tmp_path / "npr-beta", problems, tmp_path / "verl")
+    assert not (tmp_path / "verl" / "train.parquet").exists()
