@@ -34,6 +34,8 @@ branches share their prefix). Requests are served one at a time.
 Fault injection for tests, by environment variable ``SGLANG_STANDIN_FAULT``: ``http500@N`` (the N-th
 ``/generate`` answers 500), ``abort@N`` (the N-th answers with an abort finish reason), ``exit@N`` (the
 process dies while answering the N-th), ``slowstart@S`` (health is 503 for S more seconds).
+The same faults (``http500``, ``abort``, ``exit``) can be armed for the next ``/generate`` of a running
+server with ``POST /_standin/fault {"fault": KIND}`` (not an SGLang endpoint; tests only).
 ``SGLANG_STANDIN_REQUEST_LOG=path`` appends every ``/generate`` request it serves to ``path`` (JSON lines).
 
     python -m tests.support.sglang_standin --model-path DIR --host 127.0.0.1 --port 0 [--context-length N]
@@ -71,6 +73,7 @@ class StandIn:
         self.fault_kind, _, at = fault.partition("@")
         self.fault_at = float(at) if at else 0.0
         self.ready_after = time.time() + (self.fault_at if self.fault_kind == "slowstart" else 0.0)
+        self.fault_next: str | None = None
 
     def load(self) -> None:
         try:
@@ -188,15 +191,18 @@ class StandIn:
                     )
                     + "\n"
                 )
-        if self.fault_kind == "http500" and self.n_generate == int(self.fault_at):
+        armed, self.fault_next = self.fault_next, None
+        if armed is None and self.n_generate == int(self.fault_at or -1):
+            armed = self.fault_kind
+        if armed == "http500":
             return 500, {"error": {"message": "stand-in fault: internal server error"}}
-        if self.fault_kind == "exit" and self.n_generate == int(self.fault_at):
+        if armed == "exit":
             os._exit(3)
         tic = time.perf_counter()
         cached = self.cached_prefix(ids)
         answer = self.generator.generate(ids, sp, start if return_logprob else -1)
         self.seen.append(ids + answer.token_ids)
-        if self.fault_kind == "abort" and self.n_generate == int(self.fault_at):
+        if armed == "abort":
             finish: dict[str, Any] = {
                 "type": "abort",
                 "message": "Abort by stand-in fault",
@@ -301,6 +307,10 @@ def make_handler(state: StandIn) -> type[BaseHTTPRequestHandler]:
             raw = self.rfile.read(length) if length else b""
             if path == "/flush_cache":
                 self._flush()
+                return
+            if path == "/_standin/fault":
+                state.fault_next = json.loads(raw or b"{}").get("fault")
+                self._send(200, {"armed": state.fault_next})
                 return
             if path != "/generate":
                 self._send(404, {"detail": "Not Found"})

@@ -89,6 +89,8 @@ class SGLangClient:
             response = await self._http.post(path, json=payload)
         except httpx.TimeoutException as err:
             raise SGLangError(f"SGLang server at {url} did not answer within {self.timeout_s:.0f} s") from err
+        except httpx.ConnectError as err:
+            raise SGLangError(f"cannot reach the SGLang server at {url}: {err!r}") from err
         except httpx.TransportError as err:
             raise SGLangError(f"lost the connection to the SGLang server at {url}: {err!r}") from err
         if response.status_code != 200:
