@@ -201,3 +201,41 @@ async def drive_all(
         c.generation(backend=backend, merge_mode="reprefill", wall_time_s=w)
         for c, w in zip(ctls, walls, strict=True)
     ]
+
+
+def controllers_for(
+    tokenizer: Any,
+    prompts: Sequence[str],
+    cfg: Any,
+    tags: Any | None,
+    response_prefixes: Sequence[str] | None = None,
+) -> list[SequenceController]:
+    """One controller per rendered prompt, with the sequence seeds every backend derives the same way."""
+    from components.engine.controller import DecodePolicy
+
+    policy = DecodePolicy.from_config(cfg, tokenizer, tags)
+    encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731 - prompts are rendered
+    return [
+        SequenceController(
+            encode(p),
+            policy,
+            seed=cfg.seed * 1_000_003 + i,
+            forced_prefix=encode(response_prefixes[i]) if response_prefixes is not None else (),
+        )
+        for i, p in enumerate(prompts)
+    ]
+
+
+async def generate_async(
+    tokenizer: Any,
+    prompts: Sequence[str],
+    cfg: Any,
+    tags: Any | None,
+    generate: GenerateFn,
+    response_prefixes: Sequence[str] | None = None,
+    backend: str = "async",
+) -> list[Any]:
+    """``components.engine.generate`` over an async token backend: same arguments, same ``Generation``s
+    (``merge_mode="reprefill"``), at most ``cfg.batch_size`` requests in flight."""
+    ctls = controllers_for(tokenizer, prompts, cfg, tags, response_prefixes)
+    return await drive_all(ctls, generate, SamplingSettings.from_config(cfg), cfg.batch_size, backend)

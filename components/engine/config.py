@@ -51,11 +51,21 @@ class GenerationConfig(StrictModel):
     server: Literal["launch", "attach"] = "launch"
     server_spec: str = "infra/sglang/server.yaml"
     server_url: str = "http://127.0.0.1:30000"
+    # keys of the server spec overridden for this stage's launched server (e.g. {dp_size: 1})
+    server_args: dict[str, int | float | bool | str] = {}
     request_timeout_s: float = Field(600.0, gt=0)
     server_start_timeout_s: float = Field(900.0, gt=0)
 
     @model_validator(mode="after")
     def _merge_mode_fits_backend(self) -> GenerationConfig:
+        from components.ops.launch import SGLANG_KEYS
+
+        unknown = sorted(set(self.server_args) - (SGLANG_KEYS - {"model_path", "host", "port"}))
+        if unknown:
+            raise ValueError(
+                f"server_args {unknown} are not keys a launched SGLang server takes (model_path, host and "
+                f"port are set by the stage); known: {sorted(SGLANG_KEYS - {'model_path', 'host', 'port'})}"
+            )
         if self.backend == "sglang" and self.merge_mode == "shared_kv":
             raise ValueError(
                 "merge_mode 'shared_kv' needs the torch backend: SGLang's /generate API has no parallel "

@@ -25,8 +25,10 @@ Streams: ``MAIN`` (-1) is the response's main stream; while a block is open its 
    label) or refuses it with a reason (recorded; the main stream goes on).
 3. Each branch gets an allowance of the token budget (``ledger.branch_allowances``) and decodes until
    ``</step>``; ``max_step_tokens`` closes a runaway branch with a forced ``</step>``. End-of-turn is
-   banned inside a step (the torch engine masks it; a server that cannot ban it without changing the
-   log-probs it returns stops there instead, and that branch ends the response, unmerged).
+   banned inside a step: the torch engine masks it; a server that cannot ban it without changing the
+   log-probs it returns stops there instead, and the controller drops that token and draws again (a
+   rejection sample of the banned distribution, the same distribution), at most
+   ``MAX_BANNED_REDRAWS`` times per branch, after which the branch ends the response, unmerged.
 4. When every branch has closed, the merge: ``<takeaway>`` is forced into the main stream, predicted from
    the last branch's last token, at position G + longest + 1 (G = the trigger's position).
 5. A budget that runs out inside a block ends the response (``length`` / ``kv_budget``) with the partial
@@ -49,6 +51,8 @@ from components.engine.ledger import TokenLedger, branch_allowances
 from components.engine.parallel import ForkPlan, ForkTags, plan_fork
 
 MAIN = -1
+# Redraws of a banned token (end-of-turn inside a step) a branch gets before it may end the response.
+MAX_BANNED_REDRAWS = 8
 
 Finish = Literal["stop", "length", "abort"]
 MergeMode = Literal["shared_kv", "reprefill"]
@@ -214,6 +218,7 @@ class _Branch:
     allowance: int = 0  # tokens it may still spend in the current round
     state: Literal["running", "waiting", "closed", "ended_turn"] = "waiting"
     requests: int = 0
+    redraws: int = 0
 
 
 @dataclass
@@ -508,6 +513,13 @@ class SequenceController:
         br = block.branches[ext.stream]
         n_forced = len(ext.forced)
         sampled = ids[n_forced:]
+        banned_stop = bool(sampled) and (
+            sampled[-1] in pol.end_ids or (finish == "stop" and sampled[-1] not in ext.stop_ids)
+        )
+        redraw = banned_stop and br.redraws < MAX_BANNED_REDRAWS
+        if redraw:  # the server could not ban it: drop it and draw that token again
+            br.redraws += 1
+            ids, lps, sampled = ids[:-1], lps[:-1], sampled[:-1]
         if len(ids) > br.allowance:
             raise ControllerError(f"branch {br.index} spent {len(ids)} tokens, allowance {br.allowance}")
         if not self.ledger.charge(len(ids)):
@@ -517,12 +529,12 @@ class SequenceController:
         br.logprobs += lps
         br.forced += [k < n_forced for k in range(len(ids))]
         last = ids[-1] if ids else None
-        if last == pol.tags.branch_close:
+        if last == pol.tags.branch_close and not redraw:
             br.state = "closed"
-        elif sampled and (last in pol.end_ids or (finish == "stop" and len(sampled) < ext.max_sampled)):
-            # end-of-turn inside a step (a backend that cannot ban it): the response ends after this block
+        elif banned_stop and not redraw:
+            # end-of-turn inside a step, redraws spent: the response ends after this block
             br.state = "ended_turn"
-        elif len(sampled) < ext.max_sampled:
+        elif not redraw and len(sampled) < ext.max_sampled:
             raise ControllerError(
                 f"branch {br.index}: {len(sampled)} of at most {ext.max_sampled} tokens and no stop token"
             )
