@@ -89,6 +89,10 @@ class RLStageConfig(StrictModel):
     algorithm: Literal["dapo", "papo"] = "dapo"
     reward: Literal["stage1", "stage3"] = "stage1"
     engine_mode: Literal["sequential", "parallel"] = "sequential"
+    # How the local trainer's torch engine continues after a parallel block: shared_kv (exact) or
+    # reprefill (the branches re-read as text, what an SGLang server does; its post-merge tokens then get
+    # rollout_correction's weights). A verl job always re-prefills (its rollouts come from SGLang).
+    merge_mode: Literal["shared_kv", "reprefill"] = "shared_kv"
     # Which instruction the prompt carries (prompts.parallel_instruction or prompts.sequential_instruction).
     prompt_style: Literal["parallel", "sequential"] = "parallel"
     # Drop rollouts whose parallel structure the canonical mask builder rejects (PAPO), counted not scored.

@@ -139,6 +139,7 @@ class RLTrainer:
             batch_size=max(1, self.sc.prompts_per_step * self.sc.group_size),
             step_repetition_penalty=1.0,
             seed=seed,
+            merge_mode=self.sc.merge_mode,
         )
 
     def _prompt(self, problem: dict[str, Any]) -> str:

@@ -116,7 +116,9 @@ def build_overrides(
         ("data.val_files", inputs.val_files),
         ("data.prompt_key", "prompt"),
         ("data.max_prompt_length", v.max_prompt_length),
-        ("data.max_response_length", stage_cfg.max_new_tokens),
+        # verl counts the stop token as a response token; the agent loop gives PAPO's controller the
+        # local trainer's budget (max_new_tokens) and appends the stop token after it
+        ("data.max_response_length", stage_cfg.max_new_tokens + (1 if is_papo else 0)),
         ("data.train_batch_size", stage_cfg.prompts_per_step),
         ("data.gen_batch_size", gen_prompts),
         ("data.truncation", "error"),

@@ -28,7 +28,8 @@ every backend) through the async driver (``components.engine.drive``) against ve
 
 The settings of the controller are the local trainer's rollout settings (``RLTrainer._gen_cfg``):
 parallel mode, the rollout's temperature / top-p / top-k, ``max_new_tokens`` = ``rollout.response_length``
-minus one (the stop token is a response token in verl), no step repetition penalty, default branch limits.
+minus one (the stop token is a response token in verl; the launcher sets the response length to the stage's
+``max_new_tokens`` + 1), no step repetition penalty, default branch limits.
 """
 
 from __future__ import annotations

@@ -19,6 +19,8 @@ from verl.workers.rollout.replica import TokenOutput
 
 from components.config import load_config
 from components.data.synthetic import generate_problems
+from components.engine.backends.torch_tokens import TorchTokenGenerator
+from components.engine.controller import end_of_turn_ids
 from components.parallel import TagIds
 from components.prompts import chat_messages
 from components.training.papo import post_merge_mask
@@ -35,10 +37,11 @@ INPUTS = VerlRunInputs("/models/npr-beta", "/data/train.parquet", "/data/val.par
 
 
 class TorchServerManager:
-    """verl's ``server_manager.generate`` over a local torch model: sequential, causal, seeded."""
+    """verl's ``server_manager.generate`` (signature and ``TokenOutput``) over the engine's SGLang-shaped
+    torch token generator: causal reading at positions ``0..L-1``, per-request ``sampling_seed``."""
 
     def __init__(self, model: Any, tokenizer: Any) -> None:
-        self.model, self.tokenizer = model, tokenizer
+        self.tokens = TorchTokenGenerator(model, end_of_turn_ids(tokenizer), deterministic=True)
         self.request_ids: list[str] = []
         self.calls = 0
 
@@ -46,27 +49,10 @@ class TorchServerManager:
         self.request_ids.append(request_id)
         self.calls += 1
         assert sampling_params.get("logprobs"), "the agent loop must ask for log-probs"
-        await asyncio.sleep(0)  # let sibling branches interleave, as concurrent server requests do
-        return self._sample(list(prompt_ids), sampling_params)
-
-    @torch.no_grad()
-    def _sample(self, prompt_ids: list[int], params: dict) -> TokenOutput:
-        gen = torch.Generator().manual_seed(int(params["sampling_seed"]))
-        stops = set(params.get("stop_token_ids") or []) | {self.tokenizer.eos_token_id}
-        out, lps = [], []
-        step = self.model(input_ids=torch.tensor([prompt_ids]), use_cache=True)
-        for _ in range(int(params["max_new_tokens"])):
-            logits = step.logits[0, -1].float()
-            probs = torch.softmax(logits / float(params["temperature"]), -1)
-            tok = int(torch.multinomial(probs, 1, generator=gen))
-            out.append(tok)
-            lps.append(float(torch.log_softmax(logits, -1)[tok]))
-            if tok in stops:
-                return TokenOutput(token_ids=out, log_probs=lps, stop_reason="stop")
-            step = self.model(
-                input_ids=torch.tensor([[tok]]), past_key_values=step.past_key_values, use_cache=True
-            )
-        return TokenOutput(token_ids=out, log_probs=lps, stop_reason="length")
+        answer = await asyncio.to_thread(self.tokens.generate, list(prompt_ids), dict(sampling_params))
+        return TokenOutput(
+            token_ids=answer.token_ids, log_probs=answer.log_probs, stop_reason=answer.stop_reason
+        )
 
 
 def agent_loop(model, tok, cfg) -> NPRParallelAgentLoop:
