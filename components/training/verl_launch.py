@@ -334,9 +334,10 @@ def write_verl_parquet(
             "prompt": chat_messages(p["problem"], prompts_cfg, style),
             "ability": "math",
             "reward_model": {"style": "rule", "ground_truth": str(p["answer"])},
-            "extra_info": {"id": p["id"], "split": p.get("split", "train"), **(reward or {})},
+            # index: verl's per-prompt index (rollout traces, the agent loop's seed without a uid)
+            "extra_info": {"id": p["id"], "index": i, "split": p.get("split", "train"), **(reward or {})},
         }
-        for p in problems
+        for i, p in enumerate(problems)
     ]
     if not rows:
         raise ValueError(f"no problems to write to {path}")
