@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -229,8 +230,21 @@ def worker(pool: Annotated[str, typer.Option(help="Work pool: cpu | gpu")] = "cp
     start_worker(pool)
 
 
+def configure_logging() -> None:
+    """The project's own INFO messages (a stage resuming from step N, a push retried, ...) on stderr;
+    libraries keep their own levels."""
+    logger = logging.getLogger("components")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+
+
 def main() -> None:
     apply_defaults()
+    configure_logging()
     app()
 
 
