@@ -106,7 +106,8 @@ def test_papo_stage_trains_only_structurally_valid_rollouts(warm_world, tmp_path
 
 def test_papo_trainer_rejects_a_parallel_engine_without_the_filter(warm_world, tmp_path):
     model, tok = warm_world
-    cfg = small_cfg("papo_rl", "structural_filter=false")
+    cfg = small_cfg("papo_rl")  # the config itself rejects the combination (tests/unit/core/test_config.py)
+    cfg.papo_rl.structural_filter = False
     train, test = problems()
     with pytest.raises(ValueError, match="structural_filter"):
         RLTrainer("papo_rl", cfg, model, tok, train, test, tmp_path)
