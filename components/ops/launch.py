@@ -1,6 +1,8 @@
 """Command lines for the GPU side, rendered from the specs in infra/ (so the specs are the one definition).
 
-- ``sglang_server_command(spec)``: infra/sglang/server.yaml -> ``python -m sglang.launch_server ...``.
+- ``sglang_server_command(spec)``: infra/sglang/server.yaml -> ``python -m sglang.launch_server ...``; a
+  server that listens beyond loopback must name ``api_key_env``, whose value becomes ``--api-key`` (the key
+  comes from the environment, a secret, never from the spec).
 - ``ray_job_submit_command(stage, spec, run_id)``: infra/ray/job.yaml -> ``ray job submit ... -- <entrypoint>``.
 
 Nothing here imports sglang or ray: these run on the GPU image (infra/gpu/), not in the CPU environment.
@@ -9,11 +11,14 @@ Nothing here imports sglang or ray: these run on the GPU image (infra/gpu/), not
 from __future__ import annotations
 
 import json
+import os
 import shlex
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from components.errors import UserError
 
 INFRA = Path("infra")
 SGLANG_SPEC = INFRA / "sglang" / "server.yaml"
@@ -33,10 +38,12 @@ SGLANG_FLAGS = {
     "random_seed": "--random-seed",
 }
 SGLANG_SWITCHES = {"trust_remote_code": "--trust-remote-code"}
-SGLANG_IGNORED = {"image"}  # where to run it, not how
+SGLANG_IGNORED = {"image", "api_key_env"}  # where to run it, not how; the key is rendered separately
+LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+SGLANG_API_KEY_ENV = "NPR_SGLANG_API_KEY"  # what the spec names and the client reads (sglang_client)
 
 
-class LaunchSpecError(ValueError):
+class LaunchSpecError(UserError, ValueError):
     """A spec in infra/ is missing a required key or has one the renderer does not know."""
 
 
@@ -47,8 +54,14 @@ def load_spec(path: Path | str) -> dict[str, Any]:
     return data
 
 
-def sglang_server_command(spec: dict[str, Any], python: str = "python") -> list[str]:
-    """argv of the SGLang server described by ``spec`` (keys of infra/sglang/server.yaml)."""
+def sglang_server_command(
+    spec: dict[str, Any], python: str = "python", env: dict[str, str] | None = None
+) -> list[str]:
+    """argv of the SGLang server described by ``spec`` (keys of infra/sglang/server.yaml).
+
+    ``--api-key`` is the value of the environment variable ``spec["api_key_env"]`` (``env``, default
+    ``os.environ``); a server that listens beyond loopback without one is refused, as is an unset key.
+    """
     unknown = set(spec) - set(SGLANG_FLAGS) - set(SGLANG_SWITCHES) - SGLANG_IGNORED
     if unknown:
         raise LaunchSpecError(f"unknown SGLang spec keys {sorted(unknown)}; known: {sorted(SGLANG_FLAGS)}")
@@ -60,7 +73,18 @@ def sglang_server_command(spec: dict[str, Any], python: str = "python") -> list[
         if spec.get(key) is not None:
             argv += [flag, str(spec[key])]
     argv += [flag for key, flag in SGLANG_SWITCHES.items() if spec.get(key)]
-    return argv
+    key_env = spec.get("api_key_env")
+    if key_env is None:
+        host = str(spec.get("host", "127.0.0.1"))  # SGLang's default host is loopback
+        if host not in LOOPBACK:
+            raise LaunchSpecError(
+                f"an SGLang server on {host} must require an API key: set api_key_env (e.g. {SGLANG_API_KEY_ENV})"
+            )
+        return argv
+    key = (os.environ if env is None else env).get(str(key_env))
+    if not key:
+        raise LaunchSpecError(f"the SGLang API key is not set: export {key_env} (from the npr-sglang secret)")
+    return argv + ["--api-key", key]
 
 
 def ray_job_submit_command(

@@ -165,7 +165,8 @@ def _hydra_value(value: Any) -> str:
 
 def runtime_env(stage_cfg: Any) -> dict[str, Any]:
     """Ray job runtime env: the repository as working dir, our plugins imported by every ``import verl``."""
-    env_vars = {"RAY_AUTH_MODE": "disabled", "TOKENIZERS_PARALLELISM": "true"}
+    # no auth setting here: the job inherits the cluster's token authentication (infra/ray/cluster.yaml)
+    env_vars = {"TOKENIZERS_PARALLELISM": "true"}
     if stage_cfg.algorithm == "papo":
         env_vars["VERL_USE_EXTERNAL_MODULES"] = PLUGIN_MODULE
     return {

@@ -17,6 +17,7 @@ positions; measuring its cost against our engine needs a GPU and is left to the 
 from __future__ import annotations
 
 import json
+import os
 import time
 import urllib.error
 import urllib.request
@@ -25,6 +26,9 @@ from typing import Any
 from components.engine.config import GenerationConfig
 from components.engine.decoder import end_of_turn_ids
 from components.engine.generation import Generation
+
+# The server's API key (infra/sglang/server.yaml api_key_env); sent as a bearer token when set.
+API_KEY_ENV = "NPR_SGLANG_API_KEY"
 
 
 class SGLangError(RuntimeError):
@@ -45,9 +49,11 @@ def sampling_params(cfg: GenerationConfig, stop_ids: list[int]) -> dict[str, Any
 
 
 def post_json(url: str, payload: dict[str, Any], timeout_s: float) -> Any:
-    request = urllib.request.Request(
-        url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}, method="POST"
-    )
+    headers = {"Content-Type": "application/json"}
+    api_key = os.environ.get(API_KEY_ENV)
+    if api_key:  # the server requires it (--api-key; infra/sglang/server.yaml)
+        headers["Authorization"] = f"Bearer {api_key}"
+    request = urllib.request.Request(url, data=json.dumps(payload).encode(), headers=headers, method="POST")
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             return json.loads(response.read().decode())
