@@ -279,9 +279,12 @@ def write_verl_parquet(
 
 
 def prepare_launch(
-    stage: str, cfg: Any, model_path: Path, problems_dir: Path, run_dir: Path
+    stage: str, cfg: Any, model_path: Path, problems_dir: Path, run_dir: Path, write: bool = True
 ) -> tuple[list[str], Path]:
-    """Write the parquet inputs and ``verl_overrides.yaml`` for ``stage``; returns (argv, overrides file)."""
+    """Write the parquet inputs and ``verl_overrides.yaml`` for ``stage``; returns (argv, overrides file).
+
+    ``write=False`` (a dry run) writes nothing and returns the command and the file it would write.
+    """
     from components.artifacts import read_shards
 
     stage_cfg = getattr(cfg, stage)
@@ -290,8 +293,9 @@ def prepare_launch(
     train = read_shards(problems_dir, stem="train")
     test = read_shards(problems_dir, stem="test")
     reward = reward_settings(stage_cfg, cfg)
-    write_verl_parquet(train, run_dir / "train.parquet", cfg.prompts, style, reward)
-    write_verl_parquet(test, run_dir / "val.parquet", cfg.prompts, style, reward)
+    if write:
+        write_verl_parquet(train, run_dir / "train.parquet", cfg.prompts, style, reward)
+        write_verl_parquet(test, run_dir / "val.parquet", cfg.prompts, style, reward)
     inputs = VerlRunInputs(
         model_path=str(Path(model_path).resolve()),
         train_files=str((run_dir / "train.parquet").resolve()),
@@ -300,12 +304,16 @@ def prepare_launch(
     )
     overrides = build_overrides(stage, stage_cfg, inputs, cfg.tracking.project)
     job_id = f"npr-{stage}-{cfg.profile}"
-    path = write_launch_files(run_dir, stage, stage_cfg, overrides, job_id)
+    if write:
+        path = write_launch_files(run_dir, stage, stage_cfg, overrides, job_id)
+    else:
+        path = run_dir / "verl_overrides.yaml"
     return ray_job_command(stage_cfg, overrides, job_id), path
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m components.training.verl_launch STAGE [--dry-run]``: print (or submit) the Ray job."""
+    """``python -m components.training.verl_launch STAGE [--dry-run]``: submit the Ray job (``--dry-run``:
+    print it, write nothing)."""
     import argparse
     import subprocess
 
@@ -314,16 +322,25 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("stage", choices=["npr_zero", "papo_rl", "sr_rl"])
-    parser.add_argument("--dry-run", action="store_true", help="write the launch files and print the command")
+    parser.add_argument("--dry-run", action="store_true", help="print the command; write nothing")
     args = parser.parse_args(argv)
     cfg = load_config()
     stage_cfg = getattr(cfg, args.stage)
     io = stage_io(args.stage)
     run_dir = Path(cfg.run.artifacts_dir) / args.stage / "work" / "verl"
     command, path = prepare_launch(
-        args.stage, cfg, io.input(f"{stage_cfg.init_from}/model"), io.input("sample_orz/problems"), run_dir
+        args.stage,
+        cfg,
+        io.input(f"{stage_cfg.init_from}/model"),
+        io.input("sample_orz/problems"),
+        run_dir,
+        write=not args.dry_run,
     )
-    print(f"# overrides written to {path}")
+    print(
+        f"# dry run: nothing written (the overrides would go to {path})"
+        if args.dry_run
+        else f"# overrides written to {path}"
+    )
     print(shlex.join(command))
     if args.dry_run:
         return 0

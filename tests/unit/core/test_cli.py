@@ -121,3 +121,18 @@ def test_grade_jsonl_isolates_a_non_utf8_line(tmp_path: Path, monkeypatch: pytes
     path.write_bytes(lines[0] + b"\n")
     ok = _invoke("grade", "--jsonl", str(path))
     assert ok.exit_code == 0 and "errors 0" in ok.stderr
+
+
+def test_the_verl_launch_dry_run_writes_nothing(checkout: Path, capsys) -> None:
+    from components.artifacts import write_shards
+    from components.data.synthetic import generate_problems
+    from components.training.verl_launch import main
+
+    problems = checkout / "artifacts" / "sample_orz" / "problems"
+    write_shards(problems, [dict(p, split="train") for p in generate_problems(4, seed=1)], 1, stem="train")
+    write_shards(problems, [dict(p, split="test") for p in generate_problems(2, seed=2)], 1, stem="test")
+    before = sorted(p.relative_to(checkout) for p in checkout.rglob("*"))
+    assert main(["npr_zero", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "nothing written" in out and "ray job submit" in out
+    assert sorted(p.relative_to(checkout) for p in checkout.rglob("*")) == before
