@@ -10,7 +10,8 @@
   exits without writing it, so every step logged is also journalled in ``<run_dir>/wandb_log.jsonl`` and
   the last step W&B surely holds (written when the run finished, or the server's step online) in
   ``<run_dir>/wandb_step``. A resumed stage logs again what the kill lost up to its checkpoint, from the
-  journal, and nothing W&B already has: the run's steps never go backwards and none is logged twice.
+  journal, and nothing W&B is known to hold: the run's steps never go backwards (a service that flushed part
+  of its buffer before the kill leaves those steps in its own segment too; the server keeps the first).
   Offline, each restart is another ``offline-run-*-<id>`` directory of the same run (``wandb sync`` merges
   them).
 - Datasets and checkpoints are logged as artifact *references* to where DVC keeps them on the remote
