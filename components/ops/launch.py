@@ -60,7 +60,7 @@ def sglang_server_command(
     """argv of the SGLang server described by ``spec`` (keys of infra/sglang/server.yaml).
 
     ``--api-key`` is the value of the environment variable ``spec["api_key_env"]`` (``env``, default
-    ``os.environ``); a server that listens beyond loopback without one is refused, as is an unset key.
+    ``os.environ``) when it is set; a server that listens beyond loopback without a key is refused.
     """
     unknown = set(spec) - set(SGLANG_FLAGS) - set(SGLANG_SWITCHES) - SGLANG_IGNORED
     if unknown:
@@ -74,17 +74,19 @@ def sglang_server_command(
             argv += [flag, str(spec[key])]
     argv += [flag for key, flag in SGLANG_SWITCHES.items() if spec.get(key)]
     key_env = spec.get("api_key_env")
-    if key_env is None:
-        host = str(spec.get("host", "127.0.0.1"))  # SGLang's default host is loopback
-        if host not in LOOPBACK:
+    key = (os.environ if env is None else env).get(str(key_env)) if key_env else None
+    if key:
+        return argv + ["--api-key", key]
+    host = str(spec.get("host", "127.0.0.1"))  # SGLang's default host is loopback
+    if host not in LOOPBACK:
+        if not key_env:
             raise LaunchSpecError(
                 f"an SGLang server on {host} must require an API key: set api_key_env (e.g. {SGLANG_API_KEY_ENV})"
             )
-        return argv
-    key = (os.environ if env is None else env).get(str(key_env))
-    if not key:
-        raise LaunchSpecError(f"the SGLang API key is not set: export {key_env} (from the npr-sglang secret)")
-    return argv + ["--api-key", key]
+        raise LaunchSpecError(
+            f"an SGLang server on {host} needs its API key: export {key_env} (from the npr-sglang secret)"
+        )
+    return argv  # loopback: only this machine can reach it; the key is used when it is set
 
 
 def ray_job_submit_command(

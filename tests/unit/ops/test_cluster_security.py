@@ -15,7 +15,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from components.ops.launch import LOOPBACK, LaunchSpecError, load_spec, sglang_server_command
+from components.ops.launch import (
+    LOOPBACK,
+    SGLANG_API_KEY_ENV,
+    LaunchSpecError,
+    load_spec,
+    sglang_server_command,
+)
 
 REPO = Path(__file__).resolve().parents[3]
 INFRA = REPO / "infra"
@@ -95,12 +101,13 @@ def test_a_public_sglang_server_requires_an_api_key_from_a_secret() -> None:
     argv = sglang_server_command(spec, env={spec["api_key_env"]: "s3cret"})
     assert argv[argv.index("--api-key") + 1] == "s3cret"
     with pytest.raises(LaunchSpecError, match=spec["api_key_env"]):
-        sglang_server_command(spec, env={})  # an unset key never renders a server without one
+        sglang_server_command(spec, env={})  # an unset key never renders a public server without one
     with pytest.raises(LaunchSpecError, match="must require an API key"):
         sglang_server_command({k: v for k, v in spec.items() if k != "api_key_env"}, env={})
-    assert "--api-key" not in sglang_server_command(
-        {**spec, "host": "127.0.0.1", "api_key_env": None}, env={}
-    )
+    # on loopback (a stage's own server on 127.0.0.1) the key is used when set, not required
+    local = {**spec, "host": "127.0.0.1"}
+    assert "--api-key" not in sglang_server_command(local, env={})
+    assert "--api-key" in sglang_server_command(local, env={spec["api_key_env"]: "s3cret"})
     # the k8s Deployment: a public host, the key from a secret reference, never a literal
     for doc in yaml.safe_load_all((INFRA / "k8s" / "sglang-server.yaml").read_text()):
         if doc.get("kind") != "Deployment":
@@ -116,12 +123,18 @@ def test_a_public_sglang_server_requires_an_api_key_from_a_secret() -> None:
 
 
 class _Recorder(BaseHTTPRequestHandler):
+    """Answers SGLang's native /generate (one request or a batch) with one token, recording the auth header."""
+
     seen: list[str | None] = []
 
     def do_POST(self) -> None:  # noqa: N802 - http.server's name
-        self.rfile.read(int(self.headers["Content-Length"]))
+        payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         _Recorder.seen.append(self.headers.get("Authorization"))
-        body = json.dumps({"ok": True}).encode()
+        item = {
+            "meta_info": {"output_token_logprobs": [[-0.5, 7, None]], "finish_reason": {"type": "length"}}
+        }
+        batch = bool(payload["input_ids"]) and isinstance(payload["input_ids"][0], list)
+        body = json.dumps([item] * len(payload["input_ids"]) if batch else item).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
@@ -133,17 +146,23 @@ class _Recorder(BaseHTTPRequestHandler):
 
 
 def test_the_sglang_client_sends_the_key(monkeypatch: pytest.MonkeyPatch) -> None:
-    from components.engine.backends import sglang_client
+    # through the backend's public entry point, against a local server answering SGLang's /generate
+    from components.engine.backends.sglang_client import generate_sglang
+    from components.engine.config import GenerationConfig
+    from components.models.tiny import tiny_test_world
 
+    _, tokenizer = tiny_test_world(seed=0)
     server = HTTPServer(("127.0.0.1", 0), _Recorder)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_port}"
+    cfg = GenerationConfig(mode="sequential", backend="sglang", server_url=url, max_new_tokens=1)
     try:
-        url = f"http://127.0.0.1:{server.server_port}/generate"
-        monkeypatch.setenv(sglang_client.API_KEY_ENV, "s3cret")
-        assert sglang_client.post_json(url, {"input_ids": [[1]]}, timeout_s=10) == {"ok": True}
-        monkeypatch.delenv(sglang_client.API_KEY_ENV)
-        sglang_client.post_json(url, {"input_ids": [[1]]}, timeout_s=10)
+        monkeypatch.setenv(SGLANG_API_KEY_ENV, "s3cret")
+        generate_sglang(tokenizer, ["What is 1+1?"], cfg)
+        first = list(_Recorder.seen)
+        monkeypatch.delenv(SGLANG_API_KEY_ENV)
+        generate_sglang(tokenizer, ["What is 1+1?"], cfg)
     finally:
         server.shutdown()
-    assert _Recorder.seen == ["Bearer s3cret", None]
+    assert first and set(first) == {"Bearer s3cret"}
+    assert set(_Recorder.seen[len(first) :]) == {None}
