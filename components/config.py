@@ -6,7 +6,7 @@ per stage. ``npr config use PROFILE`` rewrites params.yaml from the profile file
 Validation has three layers, each naming the key it rejects (``ConfigError``): types and ranges per field
 (``components.settings.StrictModel``: no bool-as-int, no string-as-number); cross-field rules of the config
 alone (``PipelineConfig._cross_checks``: generation and SFT lengths within the tiny model's positions, the
-PAPO engine with its filter, tensor parallelism dividing the GPUs); and rules about the checkout the config
+PAPO engine with its filter); and rules about the checkout the config
 runs in (``check_workspace``: the prompt files exist, a GPU stage asks for no more GPUs than the gpu pool's
 jobs get). YAML is read as YAML 1.2 reads numbers (``1e-4`` is a float, as DVC writes it).
 """
@@ -163,13 +163,8 @@ def cross_field_problems(cfg: PipelineConfig) -> list[str]:
         sc = getattr(cfg, stage)
         if sc.engine_mode == "parallel" and not sc.structural_filter:
             problems.append(f"{stage}.engine_mode 'parallel' needs {stage}.structural_filter: true")
-        if sc.backend == "verl":
-            gpus = sc.verl.n_gpus_per_node * sc.verl.nnodes
-            if gpus % sc.verl.rollout_tp:
-                problems.append(
-                    f"{stage}.verl.rollout_tp={sc.verl.rollout_tp} does not divide the job's "
-                    f"{gpus} GPUs ({stage}.verl.n_gpus_per_node x nnodes)"
-                )
+    # verl's own rules (GPU counts, batch splits, tensor parallelism) are checked by running verl's
+    # validation on the job (components.training.verl_launch.validate_job), not re-implemented here
     return problems
 
 

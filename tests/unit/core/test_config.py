@@ -141,11 +141,6 @@ def test_cross_field_checks_name_their_keys(in_repo: Path, overrides: list[str],
         load_config(profile="tiny", overrides=overrides)
 
 
-def test_verl_tensor_parallelism_must_divide_the_gpus(in_repo: Path) -> None:
-    with pytest.raises(ConfigError, match=r"npr_zero\.verl\.rollout_tp=3 does not divide the job's 8 GPUs"):
-        load_config(profile="qwen3-4b", overrides=["npr_zero.verl.rollout_tp=3"])
-
-
 def test_malformed_yaml_names_the_file_and_line(tmp_path: Path, in_repo: Path) -> None:
     bad = tmp_path / "params.yaml"
     bad.write_text("profile: tiny\nrun:\n  seed: [0\n")

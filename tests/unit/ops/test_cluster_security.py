@@ -155,7 +155,7 @@ def test_the_sglang_client_sends_the_key(monkeypatch: pytest.MonkeyPatch) -> Non
     server = HTTPServer(("127.0.0.1", 0), _Recorder)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_port}"
-    cfg = GenerationConfig(mode="sequential", backend="sglang", server_url=url, max_new_tokens=1)
+    cfg = GenerationConfig(mode="sequential", server_url=url, max_new_tokens=1)
     try:
         monkeypatch.setenv(SGLANG_API_KEY_ENV, "s3cret")
         generate_sglang(tokenizer, ["What is 1+1?"], cfg)
