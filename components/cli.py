@@ -1,17 +1,61 @@
-"""`npr`: the one command-line entry point. Every subcommand is a thin shell over a library function."""
+"""`npr`: the one command-line entry point. Every subcommand is a thin shell over a library function.
+
+Errors: a user error (``components.errors.UserError``: a bad config, bad data, a malformed baseline; a
+missing or unreadable file) is printed as one line naming the file and key, and ``npr`` exits with status
+2; anything else is a bug and keeps its traceback (exit 1). ``--dry-run`` writes nothing.
+"""
 
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
+from typer.core import TyperGroup
 
 from components.env import apply_defaults
+from components.errors import UserError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Native Parallel Reasoner pipeline.")
+# Not bugs: what the user has to fix (the messages name the file, the key, the line)
+USER_ERRORS = (
+    UserError,
+    FileNotFoundError,
+    IsADirectoryError,
+    NotADirectoryError,
+    PermissionError,
+    ConnectionError,
+)
+USER_ERROR_EXIT = 2
+
+
+def user_error_line(err: BaseException) -> str:
+    """The error as one line (an OSError with its file name)."""
+    text = str(err)
+    if isinstance(err, OSError) and err.filename is not None and err.strerror:
+        text = f"{err.filename}: {err.strerror}"
+    return " ".join(text.split())
+
+
+class _UserErrorsAsOneLine(TyperGroup):
+    """Runs the command; a user error becomes one red line on stderr and exit status 2, no traceback."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except USER_ERRORS as err:
+            typer.secho(f"error: {user_error_line(err)}", fg=typer.colors.RED, err=True)
+            raise typer.Exit(USER_ERROR_EXIT) from None
+
+
+app = typer.Typer(
+    cls=_UserErrorsAsOneLine,
+    add_completion=False,
+    no_args_is_help=True,
+    help="Native Parallel Reasoner pipeline.",
+)
 config_app = typer.Typer(no_args_is_help=True, help="Show or materialise the typed config.")
 data_app = typer.Typer(no_args_is_help=True, help="Raw input data (tracked by data.dvc).")
 app.add_typer(config_app, name="config")
@@ -26,12 +70,9 @@ def _fail(msg: str, code: int = 2) -> None:
 
 
 def _load(profile: str | None = None, overrides: list[str] | None = None):
-    from components.config import ConfigError, load_config
+    from components.config import load_config
 
-    try:
-        return load_config(profile=profile, overrides=overrides or [])
-    except ConfigError as err:
-        _fail(str(err))
+    return load_config(profile=profile, overrides=overrides or [])  # a ConfigError is one line, exit 2
 
 
 @config_app.command("show")
@@ -48,19 +89,15 @@ def config_show(
 @config_app.command("use")
 def config_use(profile: str, set_: SetOpt = None) -> None:
     """Write configs/PROFILE.yaml (plus overrides) to params.yaml."""
-    from components.config import ConfigError, materialise_profile
+    from components.config import materialise_profile
 
-    try:
-        cfg = materialise_profile(profile, set_ or [])
-    except ConfigError as err:
-        _fail(str(err))
+    cfg = materialise_profile(profile, set_ or [])
     typer.echo(f"params.yaml now holds profile {cfg.profile!r}")
 
 
 @app.command("stage")
 def stage(name: str, set_: SetOpt = None) -> None:
     """Run one stage with params.yaml (this is the cmd of every dvc.yaml stage)."""
-    from components.dag import DagError
     from components.stages import run_stage
 
     cfg = _load(None, set_)
@@ -73,10 +110,7 @@ def stage(name: str, set_: SetOpt = None) -> None:
     relaunch = torchrun_argv(getattr(getattr(cfg, name, None), "nproc_per_node", 1), [this, *sys.argv[1:]])
     if relaunch is not None:
         os.execvp(relaunch[0], relaunch)
-    try:
-        metrics = run_stage(name, cfg)
-    except (DagError, ValueError) as err:
-        _fail(f"stage {name} failed: {err}", 1)
+    metrics = run_stage(name, cfg)  # bad config/data: one line, exit 2; a bug: its traceback
     if is_main_process():
         typer.echo(json.dumps({k: v for k, v in metrics.items() if k != "provenance"}, indent=2, default=str))
 
@@ -90,24 +124,39 @@ def run(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan; run nothing")] = False,
     set_: SetOpt = None,
 ) -> None:
-    """Run the pipeline (or some stages) as a Prefect flow; DVC decides what is stale."""
-    from components.config import materialise_profile
+    """Run the pipeline (or some stages) as a Prefect flow; DVC decides what is stale.
+
+    ``--profile`` rewrites params.yaml from configs/PROFILE.yaml (plus the overrides); ``--set`` alone
+    changes only the keys it names in params.yaml (hand edits and `dvc exp run -S` values stay). With
+    ``--dry-run`` nothing is written: the plan shows what the change would make stale.
+    """
+    from components.config import PARAMS_FILE, materialise_profile, override_params
     from components.dag import stage_order
 
-    if profile or set_:
-        materialise_profile(profile or _load().profile, set_ or [])
-    cfg = _load()
     order = stage_order()
     selected = order if not stages else [s.strip() for s in stages.split(",") if s.strip()]
     unknown = [s for s in selected if s not in order]
     if unknown:
         _fail(f"unknown stage(s): {', '.join(unknown)}; known: {', '.join(order)}")
     if dry_run:
+        from components.config import load_config
         from flows.pipeline import plan
 
-        for line in plan(cfg, selected):
+        current = _load() if PARAMS_FILE.exists() else None
+        if profile:
+            cfg = _load(profile, set_)
+        elif current is None:
+            _fail(f"{PARAMS_FILE} does not exist: give --profile (or run `npr config use PROFILE`)")
+        else:
+            cfg = load_config(PARAMS_FILE, overrides=set_ or []) if set_ else current
+        for line in plan(cfg, selected, current=current):
             typer.echo(line)
         return
+    if profile:
+        materialise_profile(profile, set_ or [])
+    elif set_:
+        override_params(set_)
+    cfg = _load()
     from flows.pipeline import npr_pipeline
 
     state = npr_pipeline(profile=cfg.profile, stages=selected, return_state=True)
@@ -165,7 +214,12 @@ def grade(
 
     cfg = _load().grading if Path("params.yaml").exists() else None
     if jsonl is not None:
-        grade_jsonl(jsonl, sys.stdout, cfg)
+        counts = grade_jsonl(jsonl, sys.stdout, cfg)
+        summary = ", ".join(f"{k} {v}" for k, v in counts.items())
+        failed = counts["errors"] + counts["grade_failures"]
+        typer.secho(f"{jsonl}: {summary}", err=True, fg=typer.colors.RED if failed else None)
+        if failed:  # every line was written; the status says some could not be graded
+            raise typer.Exit(1)
         return
     if pred is None or gold is None:
         _fail("give --pred and --gold, or --jsonl FILE")
@@ -180,8 +234,21 @@ def check_format(
     """Print {valid, score, violations} for a response, as JSON."""
     from components.grading.cli_ops import check_format_text
 
-    text = sys.stdin.read() if file == "-" else Path(file).read_text(encoding="utf-8")
-    typer.echo(json.dumps(check_format_text(text, schema), indent=2))
+    raw = sys.stdin.buffer.read() if file == "-" else Path(file).read_bytes()
+    typer.echo(json.dumps(check_format_text(response_text(raw, file), schema), indent=2))
+
+
+def response_text(raw: bytes, name: str) -> str:
+    """A response file's text; a binary or non-UTF-8 file is a user error naming the file and offset."""
+    nul = raw.find(b"\0")
+    if nul >= 0:
+        raise UserError(f"{name}: a binary file (NUL byte at offset {nul}), not a response")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise UserError(
+            f"{name}: not UTF-8 text (byte 0x{raw[err.start]:02x} at offset {err.start})"
+        ) from None
 
 
 @app.command("eval")
@@ -229,8 +296,21 @@ def worker(pool: Annotated[str, typer.Option(help="Work pool: cpu | gpu")] = "cp
     start_worker(pool)
 
 
+def configure_logging() -> None:
+    """The project's own INFO messages (a stage resuming from step N, a push retried, ...) on stderr;
+    libraries keep their own levels."""
+    logger = logging.getLogger("components")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+
+
 def main() -> None:
     apply_defaults()
+    configure_logging()
     app()
 
 

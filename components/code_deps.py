@@ -28,6 +28,7 @@ _PLUMBING_TOP = {
     "dag.py",
     "code_deps.py",
     "env.py",
+    "errors.py",
     "fingerprint.py",
     "settings.py",
     "storage.py",

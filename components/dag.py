@@ -13,11 +13,13 @@ from pathlib import Path
 
 import yaml
 
+from components.errors import UserError
+
 DVC_FILE = Path("dvc.yaml")
 ARTIFACTS = "artifacts"
 
 
-class DagError(ValueError):
+class DagError(UserError, ValueError):
     """dvc.yaml is missing, malformed, or names a stage that does not exist."""
 
 

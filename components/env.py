@@ -15,7 +15,6 @@ QUIET_DEFAULTS = {
     "GX_ANALYTICS_ENABLED": "false",
     "HF_UPDATE_DOWNLOAD_COUNTS": "0",
     "TOKENIZERS_PARALLELISM": "false",
-    "RAY_AUTH_MODE": "disabled",
 }
 
 

@@ -5,13 +5,22 @@
 - Grouping: ``group`` = the pipeline run id (env ``NPR_PIPELINE_RUN_ID``, set by the Prefect flow; a new
   id otherwise, exported so every stage of this process shares it); ``job_type`` = the stage name.
 - Resume: the W&B run id lives in ``<run_dir>/wandb_run_id`` beside the stage's checkpoints, so a
-  restarted stage continues the same W&B run (``resume="allow"``) instead of starting a new one.
+  restarted stage continues the same W&B run (``resume="allow"``) instead of starting a new one, at the
+  right step (``StageRun.resume_from``): W&B's service buffers what it is sent, and a killed stage's service
+  exits without writing it, so every step logged is also journalled in ``<run_dir>/wandb_log.jsonl`` and
+  the last step W&B surely holds (written when the run finished, or the server's step online) in
+  ``<run_dir>/wandb_step``. A resumed stage logs again what the kill lost up to its checkpoint, from the
+  journal, and nothing W&B is known to hold: the run's steps never go backwards (a service that flushed part
+  of its buffer before the kill leaves those steps in its own segment too; the server keeps the first).
+  Offline, each restart is another ``offline-run-*-<id>`` directory of the same run (``wandb sync`` merges
+  them).
 - Datasets and checkpoints are logged as artifact *references* to where DVC keeps them on the remote
   (``components.storage.remote_uri``); W&B records the URI and digest, never a copy of the bytes.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 from collections.abc import Callable, Iterator
@@ -22,6 +31,8 @@ from typing import Any
 from components.ops.config import TrackingConfig
 
 RUN_ID_FILE = "wandb_run_id"
+STEP_FILE = "wandb_step"  # the last step W&B surely holds (written after the run finished)
+JOURNAL_FILE = "wandb_log.jsonl"  # every step logged, to log again what a killed process lost
 PIPELINE_RUN_ENV = "NPR_PIPELINE_RUN_ID"
 
 
@@ -60,12 +71,66 @@ def _persisted_run_id(run_dir: Path) -> str:
     return run_id
 
 
-class StageRun:
-    """What a stage logs through. Metric keys are namespaced ``<stage>/<key>`` unless already so."""
+def _read_step(path: Path) -> int:
+    try:
+        return int(path.read_text().strip())
+    except (FileNotFoundError, ValueError):  # none yet, or a write cut by a kill: nothing to skip
+        return -1
 
-    def __init__(self, run: Any, stage: str) -> None:
+
+def _read_journal(path: Path) -> list[dict[str, Any]]:
+    entries = []
+    if path.exists():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                entries.append(json.loads(line))
+            except json.JSONDecodeError:  # the last line of a killed process, cut short
+                break
+    return entries
+
+
+class StageRun:
+    """What a stage logs through. Metric keys are namespaced ``<stage>/<key>`` unless already so.
+
+    With a ``run_dir`` (every mode but disabled) the run resumes at the right step: see the module
+    docstring, ``resume_from`` and ``close``.
+    """
+
+    def __init__(self, run: Any, stage: str, run_dir: Path | None = None) -> None:
         self.run = run
         self.stage = stage
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        held = _read_step(self.run_dir / STEP_FILE) if self.run_dir is not None else -1
+        # online, a resumed run's step counter starts after the last step the server has
+        server = int(getattr(run, "step", 0) or 0) - 1 if self.run_dir is not None else -1
+        self.logged_before = max(held, server)  # steps up to here are in W&B already: never logged again
+        self._last_step = self.logged_before
+
+    def resume_from(self, step: int) -> None:
+        """The stage restored its checkpoint of ``step`` (-1: it starts afresh) and trains on from there.
+
+        Journalled steps up to ``step`` that W&B does not hold (the service of a killed process dropped
+        them) are logged again; journalled steps after it are forgotten (the stage computes them again).
+        """
+        if self.run_dir is None:
+            return
+        journal = self.run_dir / JOURNAL_FILE
+        kept = [e for e in _read_journal(journal) if e["step"] <= step]
+        for entry in kept:
+            if entry["step"] > self.logged_before:
+                self.run.log(entry["metrics"], step=entry["step"])
+                self._last_step = max(self._last_step, entry["step"])
+        tmp = journal.with_name(f".{journal.name}.tmp")
+        tmp.write_text("".join(json.dumps(e) + "\n" for e in kept), encoding="utf-8")
+        os.replace(tmp, journal)
+
+    def close(self) -> None:
+        """After the run finished (W&B has written everything): record the last step it holds."""
+        if self.run_dir is not None and self._last_step >= 0:
+            path = self.run_dir / STEP_FILE
+            tmp = path.with_name(f".{path.name}.tmp")
+            tmp.write_text(f"{self._last_step}\n")
+            os.replace(tmp, path)
 
     @property
     def id(self) -> str:
@@ -75,8 +140,17 @@ class StageRun:
         return key if key.startswith(f"{self.stage}/") else f"{self.stage}/{key}"
 
     def log(self, metrics: dict[str, Any], step: int | None = None) -> None:
-        """Log scalars (or W&B media) at ``step`` (W&B's own counter when None)."""
-        self.run.log({self._key(k): v for k, v in metrics.items()}, step=step)
+        """Log scalars (or W&B media) at ``step`` (W&B's own counter when None). A step W&B already holds
+        from an earlier process of this stage is not logged again (a resumed stage replays a few steps)."""
+        if step is not None and step <= self.logged_before:
+            return
+        payload = {self._key(k): v for k, v in metrics.items()}
+        self.run.log(payload, step=step)
+        if step is not None and self.run_dir is not None:
+            self._last_step = max(self._last_step, step)
+            scalars = {k: v for k, v in payload.items() if isinstance(v, int | float)}
+            with (self.run_dir / JOURNAL_FILE).open("a", encoding="utf-8") as f:
+                f.write(json.dumps({"step": step, "metrics": scalars}) + "\n")
 
     def summary(self, values: dict[str, Any]) -> None:
         """Final values shown in the runs table (e.g. the stage's metrics.json)."""
@@ -145,9 +219,12 @@ def stage_run(cfg: Any, stage: str, run_dir: Path | str) -> Iterator[StageRun]:
     if mode != "disabled":  # a disabled run writes nothing, not even its id
         init.update(id=_persisted_run_id(Path(run_dir)), resume="allow")
     run = wandb.init(**init)
+    stage_run_ = StageRun(run, stage, Path(run_dir) if mode != "disabled" else None)
     try:
-        yield StageRun(run, stage)
+        yield stage_run_
     except BaseException:
         run.finish(exit_code=1)
+        stage_run_.close()
         raise
     run.finish()
+    stage_run_.close()

@@ -29,7 +29,7 @@ from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from components.config import PipelineConfig
-from components.dag import independent_stages, load_stages, stage_order
+from components.dag import ancestors, independent_stages, load_stages, stage_order
 from components.fingerprint import stage_fingerprint
 from flows.stage import _dvc, ensure_profile, execute_stage
 
@@ -140,20 +140,38 @@ def record_timing(run_id: str, profile: str, stage_wall_s: dict[str, float], tot
     return out
 
 
-def plan(cfg: PipelineConfig, stages: list[str]) -> list[str]:
-    """Human-readable plan for `npr run --dry-run`: each stage, where it runs, whether DVC finds it stale."""
+def plan(cfg: PipelineConfig, stages: list[str], current: PipelineConfig | None = None) -> list[str]:
+    """Human-readable plan for `npr run --dry-run`: each stage, where it runs, whether it is stale.
+
+    DVC's view (``dvc status``) is of params.yaml as it is on disk; when ``cfg`` (the profile and overrides
+    asked for, not written) differs from ``current`` (params.yaml), the stages whose params change and every
+    stage downstream of them are stale too.
+    """
     proc = subprocess.run([_dvc(), "status", "--json"], capture_output=True, text=True, check=False)
     try:
         stale = set(json.loads(proc.stdout or "{}"))
     except json.JSONDecodeError:
         stale = set()
     specs = load_stages()
+    changed: set[str] = set()
+    if current is not None:
+        changed = {
+            n for n in specs if stage_fingerprint(specs[n], cfg) != stage_fingerprint(specs[n], current)
+        }
+        changed |= {n for n in specs if ancestors(specs, n) & changed}
     lines = [f"profile {cfg.profile}; {len(stages)} stage(s)"]
+    if changed:
+        lines[0] += "; params.yaml not written (dry run)"
     for name in stages:
         where = "gpu pool" if name in cfg.orchestration.gpu_stages else "local"
-        state = "stale" if any(s == name or s.endswith(f":{name}") for s in stale) else "up to date"
+        if name in changed:
+            state = "stale (params)"
+        elif any(s == name or s.endswith(f":{name}") for s in stale):
+            state = "stale"
+        else:
+            state = "up to date"
         lines.append(
-            f"  {name:<18} {where:<8} {state:<10} version {stage_fingerprint(specs[name], cfg)}  $ {specs[name].cmd}"
+            f"  {name:<18} {where:<8} {state:<14} version {stage_fingerprint(specs[name], cfg)}  $ {specs[name].cmd}"
         )
     return lines
 

@@ -50,15 +50,28 @@ def grade_jsonl(path: Path | str, out: TextIO, cfg: GradingConfig | None = None)
     Each record is written in input order with ``equal`` added (and ``grade_reason`` when a pair could not
     be graded: timeout or worker crash; it is then False). A line that is not a JSON object, lacks a field,
     or has an unusable gold is written with an ``error`` field instead and grading carries on. Blank lines
-    are skipped. Returns counts: ``lines`` (non-blank), ``graded``, ``equal``, ``errors``, ``grade_failures``.
+    are skipped; a line that is not UTF-8 is an error row too. Returns counts: ``lines`` (non-blank),
+    ``graded``, ``equal``, ``errors``, ``grade_failures``.
     """
     cfg = cfg or GradingConfig()
     rows: list[dict[str, Any]] = []
     pairs: list[tuple[str | None, Any]] = []
     where: list[int] = []  # rows[i] of the i-th gradeable pair
-    with open(path, encoding="utf-8") as handle:
-        for line_no, raw in enumerate(handle, start=1):
-            raw = raw.rstrip("\n")
+    with open(path, "rb") as handle:  # lines decoded one by one: a bad byte fails its line, not the batch
+        for line_no, raw_bytes in enumerate(handle, start=1):
+            raw_bytes = raw_bytes.rstrip(b"\r\n")
+            try:
+                raw = raw_bytes.decode("utf-8")
+            except UnicodeDecodeError as err:
+                text = raw_bytes.decode("utf-8", errors="backslashreplace")
+                rows.append(
+                    _line_error(
+                        line_no,
+                        text,
+                        f"not UTF-8: byte 0x{raw_bytes[err.start]:02x} at column {err.start + 1}",
+                    )
+                )
+                continue
             if not raw.strip():
                 continue
             try:

@@ -1,7 +1,9 @@
 """Command lines for the GPU side, rendered from the specs in infra/ (so the specs are the one definition).
 
 - ``sglang_server_command(spec)``: infra/sglang/server.yaml -> ``python -m sglang.launch_server ...``
-  (``components.ops.sglang_server`` starts it for a stage's checkpoint, waits for health, stops it).
+  (``components.ops.sglang_server`` starts it for a stage's checkpoint, waits for health, stops it); a
+  server that listens beyond loopback must name ``api_key_env``, whose value becomes ``--api-key``
+  (the key comes from the environment, a secret, never from the spec).
 - ``ray_job_submit_command(stage, spec, run_id)``: infra/ray/job.yaml -> ``ray job submit ... -- <entrypoint>``.
 
 Nothing here imports sglang or ray: these run on the GPU image (infra/gpu/), not in the CPU environment.
@@ -10,11 +12,14 @@ Nothing here imports sglang or ray: these run on the GPU image (infra/gpu/), not
 from __future__ import annotations
 
 import json
+import os
 import shlex
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from components.errors import UserError
 
 INFRA = Path("infra")
 SGLANG_SPEC = INFRA / "sglang" / "server.yaml"
@@ -40,12 +45,14 @@ SGLANG_SWITCHES = {
 }
 # where and with what it runs, not how: the image, SGLang's own interpreter (it cannot share verl's
 # environment), the module to run, and environment variables for the server process
-SGLANG_META = {"image", "python", "module", "env"}
+SGLANG_META = {"image", "python", "module", "env", "api_key_env"}  # the key is rendered apart
 SGLANG_IGNORED = SGLANG_META
 SGLANG_KEYS = frozenset(SGLANG_FLAGS) | frozenset(SGLANG_SWITCHES) | SGLANG_META
+LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+SGLANG_API_KEY_ENV = "NPR_SGLANG_API_KEY"  # what the spec names and the client reads (sglang_client)
 
 
-class LaunchSpecError(ValueError):
+class LaunchSpecError(UserError, ValueError):
     """A spec in infra/ is missing a required key or has one the renderer does not know."""
 
 
@@ -56,11 +63,15 @@ def load_spec(path: Path | str) -> dict[str, Any]:
     return data
 
 
-def sglang_server_command(spec: dict[str, Any], python: str | None = None) -> list[str]:
+def sglang_server_command(
+    spec: dict[str, Any], python: str | None = None, env: dict[str, str] | None = None
+) -> list[str]:
     """argv of the SGLang server described by ``spec`` (keys of infra/sglang/server.yaml).
 
     The interpreter is ``python`` if given, else the spec's ``python`` (default ``python``); the module is
     the spec's ``module`` (default ``sglang.launch_server``; tests point it at their stand-in server).
+    ``--api-key`` is the value of the environment variable ``spec["api_key_env"]`` (``env``, default
+    ``os.environ``) when it is set; a server that listens beyond loopback without a key is refused.
     """
     unknown = set(spec) - SGLANG_KEYS
     if unknown:
@@ -74,7 +85,20 @@ def sglang_server_command(spec: dict[str, Any], python: str | None = None) -> li
         if spec.get(key) is not None:
             argv += [flag, str(spec[key])]
     argv += [flag for key, flag in SGLANG_SWITCHES.items() if spec.get(key)]
-    return argv
+    key_env = spec.get("api_key_env")
+    key = (os.environ if env is None else env).get(str(key_env)) if key_env else None
+    if key:
+        return argv + ["--api-key", key]
+    host = str(spec.get("host", "127.0.0.1"))  # SGLang's default host is loopback
+    if host not in LOOPBACK:
+        if not key_env:
+            raise LaunchSpecError(
+                f"an SGLang server on {host} must require an API key: set api_key_env (e.g. {SGLANG_API_KEY_ENV})"
+            )
+        raise LaunchSpecError(
+            f"an SGLang server on {host} needs its API key: export {key_env} (from the npr-sglang secret)"
+        )
+    return argv  # loopback: only this machine can reach it; the key is used when it is set
 
 
 def ray_job_submit_command(

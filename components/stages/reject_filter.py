@@ -27,6 +27,7 @@ from components.artifacts import atomic_dir, read_shards, write_json, write_shar
 from components.config import PipelineConfig
 from components.dag import StageIO
 from components.engine.config import RejectFilterConfig
+from components.errors import UserError
 
 REQUIRED_FIELDS: dict[str, type | tuple[type, ...]] = {
     "problem_id": str,
@@ -49,7 +50,7 @@ class ReconciliationError(RuntimeError):
     """The buckets do not add up to the sampled count: a record was lost or counted twice."""
 
 
-class QualityGateError(RuntimeError):
+class QualityGateError(UserError, RuntimeError):
     """The accepted set failed its Great Expectations suite."""
 
 

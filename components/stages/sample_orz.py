@@ -2,8 +2,9 @@
 
 Outputs (atomic): ``problems/`` (train-NNNNN.jsonl, test-NNNNN.jsonl, manifest.json) and ``audit/``
 (quarantine.jsonl, duplicates.jsonl, reconciliation.json, gx_docs/*.html). When too few rows pass the gate
-the audit is written to ``audit-failed`` in ``artifacts/sample_orz/work`` for inspection and the stage raises
-DataQualityError; neither output is touched.
+(below ``min_kept_fraction``, or fewer than ``n + test_n``) the audit is written to
+``artifacts/sample_orz/work/audit-failed`` and the stage raises DataQualityError naming that directory;
+neither output is touched (DVC outputs are replaced only by a run that passes).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 from components.artifacts import atomic_dir
 from components.config import PipelineConfig
 from components.dag import StageIO
-from components.data.quality import QualityRules, validate_problems, write_audit
+from components.data.quality import DataQualityError, QualityRules, validate_problems, write_audit
 from components.data.sampling import difficulty_counts, rows_sha256, sample_splits, write_problem_splits
 from components.data.sources import load_source_rows
 
@@ -28,15 +29,16 @@ def run(cfg: PipelineConfig, io: StageIO) -> dict[str, Any]:
     rows, provenance = load_source_rows(sc, work_dir)
     report = validate_problems(rows, QualityRules.from_config(sc))
     failed_dir = work_dir / "audit-failed"
+    shutil.rmtree(failed_dir, ignore_errors=True)
     try:
         report.raise_for_floor()
-    except Exception:
-        shutil.rmtree(failed_dir, ignore_errors=True)
+        train, test = sample_splits(report.kept, sc.n, sc.test_n, sc.seed)
+    except (DataQualityError, ValueError) as err:
         write_audit(report, failed_dir)
-        raise
-    shutil.rmtree(failed_dir, ignore_errors=True)
-
-    train, test = sample_splits(report.kept, sc.n, sc.test_n, sc.seed)
+        raise DataQualityError(
+            f"{err}. The audit of this run (quarantine.jsonl with each row's reasons and raw values, "
+            f"reconciliation.json, gx_docs/index.html) is in {failed_dir}"
+        ) from None
     manifest = {
         "source": provenance,
         "seed": sc.seed,

@@ -55,6 +55,13 @@ class SeedSource:
         self.cfg, self.tokenizer, self.held_out = cfg, tokenizer, held_out
         self.skipped_held_out = 0
 
+    # the count over the steps before a checkpoint travels with it (train_sft's source protocol)
+    def state_dict(self) -> dict[str, Any]:
+        return {"skipped_held_out": self.skipped_held_out}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.skipped_held_out = int(state["skipped_held_out"])
+
     def __call__(self, step: int) -> list[Any]:
         from components.data import synthetic
         from components.prompts import render_prompt
@@ -154,8 +161,8 @@ def build_tiny_seed(cfg: PipelineConfig, io: StageIO) -> dict[str, Any]:
         )
         metrics.update(result.summary())
         metrics["skipped_held_out_problems"] = source.skipped_held_out
-        if result.wall_time_s > 0 and result.final_step > result.start_step:
-            metrics["steps_per_s"] = round((result.final_step - result.start_step) / result.wall_time_s, 4)
+        if result.wall_time_s > 0 and result.final_step > 0:  # over the whole run, resumed or not
+            metrics["steps_per_s"] = round(result.final_step / result.wall_time_s, 4)
     model.eval()
     metrics.update(evaluate_seed(model, tokenizer, test, cfg))
     with atomic_dir(io.output("model")) as tmp:

@@ -48,6 +48,14 @@ def checkpoint_dir(work_dir: Path, step: int) -> Path:
     return Path(work_dir) / f"checkpoint-{step:08d}"
 
 
+def checkpoint_step(path: Path) -> int:
+    """The training step a checkpoint directory holds (from its name)."""
+    match = CHECKPOINT_RE.match(Path(path).name)
+    if match is None:
+        raise ValueError(f"{path} is not a checkpoint directory (checkpoint-<step:08d>)")
+    return int(match.group(1))
+
+
 def list_checkpoints(work_dir: Path) -> list[Path]:
     """Complete checkpoints in ``work_dir``, oldest first (incomplete temp dirs are ignored)."""
     work_dir = Path(work_dir)

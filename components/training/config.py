@@ -66,7 +66,8 @@ class VerlSettings(StrictModel):
     val_n: int = Field(8, ge=1)
     val_top_p: float = Field(0.7, gt=0, le=1)
     total_epochs: int = Field(1, ge=1)
-    ray_address: str = "http://127.0.0.1:8265"
+    # `auto`: the dashboard address the cluster publishes (bound to the head's cluster address, token auth)
+    ray_address: str = "auto"
 
 
 class RolloutCorrectionConfig(StrictModel):

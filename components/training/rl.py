@@ -23,11 +23,18 @@ Around it: held-out evaluation (``eval_every``; also before training so the gain
 is measured) with ``components.grading.judge_many``/``summarize``; checkpoints in the stage's work dir
 every ``save_every`` steps and resume from the newest one; per-step metrics appended to
 ``<work_dir>/metrics.jsonl`` and logged to W&B through ``components.tracking`` (one run per stage).
+
+Resume: a checkpoint carries, besides the weights, optimizer, scheduler and RNG states, everything the run
+has logged so far (``records``: the pre-training eval and every step's metrics) and the data cursor. A
+resumed run restores them, rewrites ``metrics.jsonl`` from them (so a step logged after the last checkpoint
+and replayed is there once) and reports totals over the whole run, exactly what an uninterrupted run
+reports; a stage rerun after it finished (``dvc repro -f``) trains nothing and reports the recorded run.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import random
 import time
@@ -58,11 +65,14 @@ from components.training.rl_batch import (
 from components.training.rl_objective import actor_config, compute_advantages, compute_policy_loss
 
 Group = list[Rollout]
+log = logging.getLogger(__name__)
+METRICS_LOG = "metrics.jsonl"
 
 
 @dataclass
 class RLRunResult:
-    """What a run returns to its stage: final metrics, the eval history and the per-step log."""
+    """What a run returns to its stage: final metrics (over the whole run, resumed or not), the eval history
+    and the per-step metrics of the steps this call trained."""
 
     metrics: dict[str, Any]
     history: list[dict[str, Any]] = field(default_factory=list)
@@ -127,6 +137,9 @@ class RLTrainer:
         self.cursor = 0  # position in `order` of the next training problem (saved with checkpoints)
         self.step = 0
         self.evals: list[dict[str, Any]] = []
+        # every record logged so far (metrics.jsonl lines): saved with checkpoints, restored on resume
+        self.records: list[dict[str, Any]] = []
+        self.resumed_from_step = 0
         self.tracker = tracker  # a components.tracking.StageRun, or None
 
     # ----------------------------------------------------------------------------------- generation
@@ -408,18 +421,39 @@ class RLTrainer:
 
     # ----------------------------------------------------------------------------------- checkpoints
     def _save(self) -> None:
-        state = TrainingState(step=self.step, extra={"cursor": self.cursor, "evals": self.evals})
-        save_checkpoint(self.work_dir, state, self.model, self.optimizer, self.scheduler)
+        extra = {"cursor": self.cursor, "evals": self.evals, "records": self.records}
+        save_checkpoint(
+            self.work_dir,
+            TrainingState(step=self.step, extra=extra),
+            self.model,
+            self.optimizer,
+            self.scheduler,
+        )
 
     def _resume(self) -> bool:
         path = latest_checkpoint(self.work_dir)
         if path is None:
             return False
         state = load_checkpoint(path, self.model, self.optimizer, self.scheduler)
-        self.step = state.step
+        self.step = self.resumed_from_step = state.step
         self.cursor = int(state.extra.get("cursor", 0))
         self.evals = list(state.extra.get("evals", []))
+        self.records = list(state.extra.get("records", []))
+        if self.step >= self.sc.steps:
+            log.info(
+                "%s: already trained to step %d (%s): reporting the recorded run", self.stage, self.step, path
+            )
+        else:
+            log.info("%s: resuming from step %d of %d (%s)", self.stage, self.step, self.sc.steps, path)
         return True
+
+    def _rewrite_log(self) -> None:
+        """metrics.jsonl = the restored records: drops what a crashed run logged after its last checkpoint
+        (those steps are trained again) and a line a kill cut in half."""
+        path = self.work_dir / METRICS_LOG
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in self.records), encoding="utf-8")
+        tmp.replace(path)
 
     # ----------------------------------------------------------------------------------- main loop
     def train_step(self) -> dict[str, Any]:
@@ -487,6 +521,9 @@ class RLTrainer:
     def run(self, max_steps: int | None = None) -> RLRunResult:
         """Train to ``steps`` (or stop after ``max_steps`` more, to simulate an interruption in tests)."""
         resumed = self._resume()
+        self._rewrite_log()
+        if self.tracker is not None:  # W&B continues after the checkpoint (what a kill lost is logged again)
+            self.tracker.resume_from(self.step if resumed else -1)
         if not resumed and self.sc.eval_before_train:
             self.evals.append(self.evaluate())
             self._log({"eval": self.evals[-1]})
@@ -502,12 +539,17 @@ class RLTrainer:
             self._log(metrics)
             if self.step % self.sc.save_every == 0 or self.step == self.sc.steps:
                 self._save()
-        return RLRunResult(metrics=self.summary(history, resumed), history=history, evals=list(self.evals))
+        return RLRunResult(metrics=self.summary(), history=history, evals=list(self.evals))
 
-    def summary(self, history: list[dict[str, Any]], resumed: bool) -> dict[str, Any]:
+    def summary(self) -> dict[str, Any]:
         """Stage metrics: the last held-out eval, the one before training and the change (when it was
-        measured: ``eval_before_train``), and run totals."""
-        out: dict[str, Any] = {"steps": self.step, "resumed": resumed, "algorithm": self.sc.algorithm}
+        measured: ``eval_before_train``), and totals over every step of the run (restored ones included)."""
+        history = [r for r in self.records if "train/rollouts_trained" in r]
+        out: dict[str, Any] = {
+            "steps": self.step,
+            "resumed_from_step": self.resumed_from_step,
+            "algorithm": self.sc.algorithm,
+        }
         if self.evals:
             first, last = self.evals[0], self.evals[-1]
             for key in ("format_valid", "accuracy", "correct_and_valid", "parallel_rate"):
@@ -534,8 +576,11 @@ class RLTrainer:
         return out
 
     def _log(self, metrics: dict[str, Any]) -> None:
-        with (self.work_dir / "metrics.jsonl").open("a", encoding="utf-8") as f:
-            f.write(json.dumps({"stage": self.stage, "step": self.step, **metrics}, default=float) + "\n")
+        # a JSON round trip: the record kept for the checkpoint is exactly the line written
+        record = json.loads(json.dumps({"stage": self.stage, "step": self.step, **metrics}, default=float))
+        self.records.append(record)
+        with (self.work_dir / METRICS_LOG).open("a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
         if self.tracker is not None:
             flat = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
             flat.update(

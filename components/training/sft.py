@@ -10,8 +10,10 @@ What a step does:
 - loss = mean negative log-likelihood over the response tokens of the whole accumulated step (each token
   predicted from its parent position, see ``sft_data``), AdamW, grad-norm clipping, a warmup + cosine /
   constant / linear schedule with ``min_lr`` (transformers' schedule functions);
-- a checkpoint (weights, optimizer, scheduler, step, RNG) every ``save_every`` steps in the stage's work dir;
-  a rerun resumes from the newest one; metrics go to a JSON file after every logged step.
+- a checkpoint (weights, optimizer, scheduler, step, RNG, and the run's logged history, token and wall-time
+  totals and the step source's counters) every ``save_every`` steps in the stage's work dir; a rerun resumes
+  from the newest one and reports what an uninterrupted run reports; metrics go to a JSON file after every
+  logged step.
 
 On GPU the same code runs unchanged with ``run.device: cuda`` (or ``auto``) and ``run.dtype: bfloat16``:
 the model is loaded in bf16 with sdpa, which takes the bool mask directly (flash kernels do not accept an
@@ -24,6 +26,7 @@ single-process format. Two CPU ranks reproduce one process's weights to 1e-5 (te
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -47,7 +50,10 @@ from components.training.sft_data import Mode, SFTBatch, SFTExample, collate
 
 Scheduler = Literal["cosine", "constant", "linear"]
 # Examples of one optimizer step (batch_size * grad_accum of them), a pure function of the step number.
+# A source that counts something across steps (the seed's skipped held-out problems) may also define
+# ``state_dict() -> dict`` and ``load_state_dict(dict)``: the state is saved with every checkpoint.
 StepSource = Callable[[int], Sequence[SFTExample]]
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -114,6 +120,7 @@ class SFTResult:
     final_step: int
     history: list[dict[str, float]] = field(default_factory=list)
     train_tokens: int = 0
+    # training time of the whole run: the processes before a resume included (restored from checkpoints)
     wall_time_s: float = 0.0
 
     def summary(self) -> dict[str, Any]:
@@ -245,12 +252,21 @@ def train_sft(
     optimizer = build_optimizer(model, settings)
     scheduler = build_scheduler(optimizer, settings)
     history: list[dict[str, float]] = []
-    step, train_tokens = 0, 0
+    step, train_tokens, wall_before = 0, 0, 0.0
     resume = ctx.broadcast(latest_checkpoint(work_dir) if ctx.is_main else None)
     if resume is not None:
         state = load_checkpoint(resume, model, optimizer, scheduler, ctx)
         step, history = state.step, list(state.extra.get("history", []))
         train_tokens = int(state.extra.get("train_tokens", 0))
+        wall_before = float(state.extra.get("train_wall_time_s", 0.0))
+        if "source" in state.extra and hasattr(source, "load_state_dict"):
+            source.load_state_dict(state.extra["source"])
+        if ctx.is_main:
+            done = step >= settings.total_steps
+            what = "already trained to" if done else "resuming from"
+            log.info("SFT %s: %s step %d of %d (%s)", settings.mode, what, step, settings.total_steps, resume)
+            if metrics_path is not None:  # drop steps a crashed run logged after this checkpoint
+                write_json(metrics_path, {"settings": asdict(settings), "history": history})
     result = SFTResult(start_step=step, final_step=step, history=history, train_tokens=train_tokens)
     start = time.perf_counter()
     progress = Progress(
@@ -274,7 +290,13 @@ def train_sft(
                 if metrics_path is not None and ctx.is_main:
                     write_json(metrics_path, {"settings": asdict(settings), "history": history})
             if step % settings.save_every == 0 or step == settings.total_steps:
-                extra = {"history": history, "train_tokens": result.train_tokens}
+                extra: dict[str, Any] = {
+                    "history": history,
+                    "train_tokens": result.train_tokens,
+                    "train_wall_time_s": wall_before + time.perf_counter() - start,
+                }
+                if hasattr(source, "state_dict"):
+                    extra["source"] = source.state_dict()
                 save_checkpoint(
                     work_dir,
                     TrainingState(step, extra),
@@ -288,7 +310,7 @@ def train_sft(
             if on_step is not None and ctx.is_main:
                 on_step(step, record)
     result.final_step = step
-    result.wall_time_s = time.perf_counter() - start
+    result.wall_time_s = wall_before + time.perf_counter() - start
     model.eval()
     return result
 

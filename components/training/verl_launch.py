@@ -233,7 +233,8 @@ def plugin_env_vars(stage_cfg: Any, schema: str = "npr") -> dict[str, str]:
 
 def runtime_env(stage_cfg: Any, schema: str = "npr") -> dict[str, Any]:
     """Ray job runtime env: the repository as working dir, our plugins imported by every ``import verl``."""
-    env_vars = {"RAY_AUTH_MODE": "disabled", "TOKENIZERS_PARALLELISM": "true"}
+    # no auth setting here: the job inherits the cluster's token authentication (infra/ray/cluster.yaml)
+    env_vars = {"TOKENIZERS_PARALLELISM": "true"}
     env_vars.update(plugin_env_vars(stage_cfg, schema))
     return {
         "working_dir": ".",
@@ -377,7 +378,7 @@ def stage_overrides(stage: str, cfg: Any, inputs: VerlRunInputs) -> list[str]:
 
 
 def prepare_launch(
-    stage: str, cfg: Any, model_path: Path, problems_dir: Path, run_dir: Path
+    stage: str, cfg: Any, model_path: Path, problems_dir: Path, run_dir: Path, write: bool = True
 ) -> tuple[list[str], Path]:
     """Validate the job (``validate_job``), write the parquet inputs and ``verl_overrides.yaml``;
     returns (argv, overrides file). The validation split is the first ``eval_n`` held-out problems, the
@@ -397,8 +398,9 @@ def prepare_launch(
             "set sample_orz.test_n > 0"
         )
     reward = reward_settings(stage_cfg, cfg)
-    write_verl_parquet(train, run_dir / "train.parquet", cfg.prompts, style, reward)
-    write_verl_parquet(test, run_dir / "val.parquet", cfg.prompts, style, reward)
+    if write:
+        write_verl_parquet(train, run_dir / "train.parquet", cfg.prompts, style, reward)
+        write_verl_parquet(test, run_dir / "val.parquet", cfg.prompts, style, reward)
     inputs = VerlRunInputs(
         model_path=str(Path(model_path).resolve()),
         train_files=str((run_dir / "train.parquet").resolve()),
@@ -690,9 +692,18 @@ def main(argv: list[str] | None = None) -> int:
     io = stage_io(args.stage)
     run_dir = Path(cfg.run.artifacts_dir) / args.stage / "work" / "verl"
     command, path = prepare_launch(
-        args.stage, cfg, io.input(f"{stage_cfg.init_from}/model"), io.input("sample_orz/problems"), run_dir
+        args.stage,
+        cfg,
+        io.input(f"{stage_cfg.init_from}/model"),
+        io.input("sample_orz/problems"),
+        run_dir,
+        write=not args.dry_run,
     )
-    print(f"# overrides written to {path}")
+    print(
+        f"# dry run: nothing written (the overrides would go to {path})"
+        if args.dry_run
+        else f"# overrides written to {path}"
+    )
     print(shlex.join(command))
     return subprocess.call(command)
 

@@ -28,6 +28,7 @@ import asyncio
 import concurrent.futures
 import itertools
 import json
+import os
 from typing import Any
 
 import httpx
@@ -35,6 +36,9 @@ import httpx
 from components.engine.async_driver import BackendError, generate_async
 from components.engine.config import GenerationConfig
 from components.engine.generation import Generation
+
+# The server's API key (infra/sglang/server.yaml api_key_env); sent as a bearer token when set.
+API_KEY_ENV = "NPR_SGLANG_API_KEY"
 
 
 class SGLangError(BackendError):
@@ -59,7 +63,13 @@ class SGLangClient:
 
     async def __aenter__(self) -> SGLangClient:
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
-        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=self.timeout_s, limits=limits)
+        headers = {}
+        api_key = os.environ.get(API_KEY_ENV)
+        if api_key:  # the server requires it (--api-key; infra/sglang/server.yaml)
+            headers["Authorization"] = f"Bearer {api_key}"
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url, timeout=self.timeout_s, limits=limits, headers=headers
+        )
         return self
 
     async def __aexit__(self, *exc: Any) -> None:

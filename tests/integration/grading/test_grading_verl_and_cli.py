@@ -148,8 +148,9 @@ def test_npr_grade_and_check_format_commands(
     assert runner.invoke(app, ["grade", "--pred", "0.4", "--gold", "0.5"]).output.strip() == "false"
     (tmp_path / "p.jsonl").write_text(json.dumps({"pred": "3", "gold": "x=3"}) + "\nbad\n")
     result = runner.invoke(app, ["grade", "--jsonl", str(tmp_path / "p.jsonl")])
-    rows = [json.loads(line) for line in result.output.splitlines()]
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
     assert rows[0]["equal"] is True and "error" in rows[1]
+    assert result.exit_code == 1 and "errors 1" in result.stderr  # a row failed: non-zero, counts on stderr
     checked = runner.invoke(app, ["check-format", "-"], input=MALFORMED)
     report = json.loads(checked.output)
     assert report["valid"] is False and report == check_format_text(MALFORMED, "npr")

@@ -156,7 +156,8 @@ def test_gpu_job_variables_are_declared_by_both_pool_templates() -> None:
 
 def test_sglang_command_renders_the_spec_and_matches_the_k8s_server() -> None:
     spec = load_spec(INFRA / "sglang" / "server.yaml")
-    argv = sglang_server_command(spec)
+    # k8s expands $(NPR_SGLANG_API_KEY) from the secret: rendering with that text gives the container's argv
+    argv = sglang_server_command(spec, env={spec["api_key_env"]: f"$({spec['api_key_env']})"})
     assert argv[:3] == ["python", "-m", "sglang.launch_server"]
     assert argv[argv.index("--tp-size") + 1] == str(spec["tp_size"])
     assert argv[argv.index("--mem-fraction-static") + 1] == "0.85"
