@@ -7,7 +7,11 @@
 - Resume: the W&B run id lives in ``<run_dir>/wandb_run_id`` beside the stage's checkpoints, so a
   restarted stage continues the same W&B run (``resume="allow"``) instead of starting a new one.
 - Datasets and checkpoints are logged as artifact *references* to where DVC keeps them on the remote
-  (``components.storage.remote_uri``); W&B records the URI and digest, never a copy of the bytes.
+  (``components.storage.content_uri``, the object named by the DVC md5 of the output); W&B records the
+  URI and digest, never a copy of the bytes. The stage runner (``components.stages.run_stage``) logs the
+  outputs a stage produced (``log_reference``) and the inputs it consumed (``use_reference``).
+- One run per stage: ``run_stage`` opens it around the whole stage; a ``stage_run`` for the same stage
+  inside it (the trainers', the evaluation's) logs into that run instead of starting another.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from components.ops.config import TrackingConfig
 
 RUN_ID_FILE = "wandb_run_id"
 PIPELINE_RUN_ENV = "NPR_PIPELINE_RUN_ID"
+# The open run of each stage in this process (stage -> StageRun), so nested stage_run calls share it.
+_ACTIVE: dict[str, StageRun] = {}
 
 
 def pipeline_run_id() -> str:
@@ -89,13 +95,30 @@ class StageRun:
         path), so W&B need not list or hash the bucket, and no credentials are needed at log time.
         Returns the W&B artifact (``None`` when tracking is disabled).
         """
-        import wandb
-
         if self.run.disabled:
             return None
-        artifact = wandb.Artifact(_artifact_name(name), type=type, metadata={"uri": uri, **(metadata or {})})
-        artifact.add_reference(uri, name=name.rsplit("/", 1)[-1], checksum=False)
-        return self.run.log_artifact(artifact)
+        return self.run.log_artifact(_reference_artifact(name, uri, type, metadata))
+
+    def use_reference(self, name: str, uri: str, type: str, metadata: dict[str, Any] | None = None) -> None:
+        """Record that the stage consumed the artifact at ``uri`` (the same reference its producer logged).
+
+        Always in the run config under ``inputs/<name>`` (``{uri, ...metadata}``); online also as a W&B
+        input artifact (``use_artifact``: lineage in the UI). W&B refuses ``use_artifact`` in offline mode,
+        so an offline run keeps the config entry only.
+        """
+        if self.run.disabled:
+            return
+        self.run.config.update({f"inputs/{name}": {"uri": uri, **(metadata or {})}}, allow_val_change=True)
+        if not self.run.offline:
+            self.run.use_artifact(_reference_artifact(name, uri, type, metadata))
+
+
+def _reference_artifact(name: str, uri: str, type: str, metadata: dict[str, Any] | None) -> Any:
+    import wandb
+
+    artifact = wandb.Artifact(_artifact_name(name), type=type, metadata={"uri": uri, **(metadata or {})})
+    artifact.add_reference(uri, name=name.rsplit("/", 1)[-1], checksum=False)
+    return artifact
 
 
 def step_logger(run: StageRun, every: int = 1) -> Callable[[int, dict[str, Any]], None]:
@@ -124,8 +147,12 @@ def stage_run(cfg: Any, stage: str, run_dir: Path | str) -> Iterator[StageRun]:
 
     ``cfg`` is the PipelineConfig (its ``tracking`` section is used; the whole resolved config becomes the
     run config) or a bare ``TrackingConfig``. The run is finished on exit; an exception inside marks it
-    failed (exit code 1) and propagates.
+    failed (exit code 1) and propagates. Inside an open run of the same stage (the stage runner's), yields
+    that run and leaves finishing it to its owner.
     """
+    if stage in _ACTIVE:
+        yield _ACTIVE[stage]
+        return
     import wandb
 
     tracking = cfg if isinstance(cfg, TrackingConfig) else cfg.tracking
@@ -145,9 +172,13 @@ def stage_run(cfg: Any, stage: str, run_dir: Path | str) -> Iterator[StageRun]:
     if mode != "disabled":  # a disabled run writes nothing, not even its id
         init.update(id=_persisted_run_id(Path(run_dir)), resume="allow")
     run = wandb.init(**init)
+    _ACTIVE[stage] = StageRun(run, stage)
     try:
-        yield StageRun(run, stage)
+        yield _ACTIVE[stage]
     except BaseException:
         run.finish(exit_code=1)
         raise
-    run.finish()
+    else:
+        run.finish()
+    finally:
+        _ACTIVE.pop(stage, None)

@@ -22,7 +22,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from components.config import PipelineConfig, load_config, materialise_profile
-from components.dag import load_stages
+from components.dag import load_stages, stage_io
 from components.env import THREADS_ENV
 
 
@@ -45,10 +45,11 @@ def _dvc() -> str:
 
 
 def stage_metrics(stage: str) -> dict[str, Any]:
-    spec = load_stages()[stage]
-    if not spec.metrics or not Path(spec.metrics[0]).exists():
+    """The stage's full record (``artifacts/<stage>/metrics.json``), or {} when it has none yet."""
+    record = stage_io(stage).metrics
+    if record is None or not record.exists():
         return {}
-    return json.loads(Path(spec.metrics[0]).read_text())
+    return json.loads(record.read_text())
 
 
 def execute_stage(

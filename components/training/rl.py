@@ -22,7 +22,8 @@ One training step:
 Around it: held-out evaluation (``eval_every``; also before training so the gain over the starting model
 is measured) with ``components.grading.judge_many``/``summarize``; checkpoints in the stage's work dir
 every ``save_every`` steps and resume from the newest one; per-step metrics appended to
-``<work_dir>/metrics.jsonl`` and logged to W&B through ``components.tracking`` (one run per stage).
+``<work_dir>/metrics.jsonl`` and logged to W&B through ``components.tracking`` (one run per stage); each
+filtered rollout's reason in full to ``<work_dir>/rollout_rejections.jsonl`` (metrics count categories).
 """
 
 from __future__ import annotations
@@ -52,11 +53,14 @@ from components.training.rl_batch import (
     length_sorted_micro_batches,
     response_log_probs,
     response_mask_of,
-    structural_rejection,
+    structural_violation,
 )
 from components.training.rl_objective import actor_config, compute_advantages, compute_policy_loss
 
 Group = list[Rollout]
+# Filtered rollouts with the parser's full message, one JSON line each, in the stage's work dir; metric
+# names carry only the reason's category (``rollout/rejected/<code>``), a fixed set.
+REJECTIONS_LOG = "rollout_rejections.jsonl"
 
 
 @dataclass
@@ -127,6 +131,8 @@ class RLTrainer:
         self.step = 0
         self.evals: list[dict[str, Any]] = []
         self.tracker = tracker  # a components.tracking.StageRun, or None
+        # rollouts filtered out in the current step, with the parser's message (-> rollout_rejections.jsonl)
+        self.rejections: list[dict[str, Any]] = []
 
     # ----------------------------------------------------------------------------------- generation
     def _gen_cfg(self, mode: str, temperature: float, top_p: float, seed: int) -> GenerationConfig:
@@ -214,18 +220,24 @@ class RLTrainer:
 
         kept: list[Rollout] = []
         for r in rollouts:
-            reason = None
+            # reason: a category from a fixed set (metric names); detail: free text for the records only
+            reason, detail = None, ""
             if not r.response_ids:
                 reason = "empty_response"
             elif self.sc.structural_filter:
-                reason = structural_rejection(r, self.tags)
-                if reason is None and r.extra["filtered_by_reward"]:
+                violation = structural_violation(r, self.tags)
+                if violation is not None:
+                    reason, detail = violation.code, str(violation)
+                elif r.extra["filtered_by_reward"]:
                     reason = "reward_filtered"
             if reason is None:
                 kept.append(r)
             else:
                 counters["structurally_rejected"] += 1
                 counters[f"rejected/{reason}"] += 1
+                self.rejections.append(
+                    {"group_id": r.group_id, "problem_id": r.problem_id, "reason": reason, "detail": detail}
+                )
         groups: dict[str, Group] = {}
         for r in kept:
             groups.setdefault(r.group_id, []).append(r)
@@ -486,6 +498,11 @@ class RLTrainer:
     def _log(self, metrics: dict[str, Any]) -> None:
         with (self.work_dir / "metrics.jsonl").open("a", encoding="utf-8") as f:
             f.write(json.dumps({"stage": self.stage, "step": self.step, **metrics}, default=float) + "\n")
+        if self.rejections:
+            with (self.work_dir / REJECTIONS_LOG).open("a", encoding="utf-8") as f:
+                for rec in self.rejections:
+                    f.write(json.dumps({"step": self.step, **rec}) + "\n")
+            self.rejections = []
         if self.tracker is not None:
             flat = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
             flat.update(

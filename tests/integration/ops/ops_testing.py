@@ -184,3 +184,23 @@ def git_commit(path: Path, message: str) -> None:
 def tree_bytes(root: Path) -> dict[str, bytes]:
     """Every file under ``root`` (relative path -> content), to compare workspaces byte for byte."""
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def copy_checkout(dest: Path) -> Path:
+    """Tracked and untracked-but-not-ignored files of this checkout, as a fresh git repository."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO,
+        capture_output=True,
+        check=True,
+    ).stdout.decode()
+    for rel in filter(None, listed.split("\0")):
+        src = REPO / rel
+        if src.is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+    run(["git", "init", "-q"], dest)
+    run(["git", "config", "user.email", "ops-tests@example.invalid"], dest)
+    run(["git", "config", "user.name", "ops tests"], dest)
+    git_commit(dest, "copy of the checkout")
+    return dest

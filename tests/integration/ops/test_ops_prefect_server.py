@@ -7,14 +7,12 @@ The run goes through the API exactly as the UI's "Run" button does, on a tempora
 from __future__ import annotations
 
 import os
-import shutil
 import socket
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from ops_testing import REPO, VENV_BIN, git_commit, run
+from ops_testing import VENV_BIN, copy_checkout, run
 
 from components.ops.prefect_ops import (
     api_url,
@@ -35,30 +33,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _copy_repo(dest: Path) -> Path:
-    """Tracked and untracked-but-not-ignored files of the checkout, as a fresh git repository."""
-    listed = (
-        subprocess.run(
-            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-            cwd=REPO,
-            capture_output=True,
-            check=True,
-        )
-        .stdout.decode()
-        .split("\0")
-    )
-    for rel in filter(None, listed):
-        src = REPO / rel
-        if src.is_file():
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dest / rel)
-    run(["git", "init", "-q"], dest)
-    run(["git", "config", "user.email", "ops-tests@example.invalid"], dest)
-    run(["git", "config", "user.name", "ops tests"], dest)
-    git_commit(dest, "copy of the checkout")
-    return dest
 
 
 def _group_alive(pid: int, grace_s: float = 5.0) -> bool:
@@ -84,7 +58,7 @@ def test_server_deployments_worker_and_a_pipeline_run(
     from components.fingerprint import stage_fingerprint
 
     started = time.monotonic()
-    root = _copy_repo(tmp_path / "repo")
+    root = copy_checkout(tmp_path / "repo")
     # what `make run` does on a clean clone: raw data, then params.yaml from the profile
     run([str(VENV_BIN / "npr"), "data", "fetch"], root)
     run([str(VENV_BIN / "npr"), "config", "use", "tiny"], root)
