@@ -58,7 +58,10 @@ def _scalars(metrics: Mapping[str, Any]) -> Flat:
 def sample_orz_summary(m: Mapping[str, Any]) -> Flat:
     return _pick(
         m,
-        {n: n for n in ("rows_in", "kept", "quarantined", "duplicates", "kept_fraction", "n_train", "n_test")},
+        {
+            n: n
+            for n in ("rows_in", "kept", "quarantined", "duplicates", "kept_fraction", "n_train", "n_test")
+        },
     )
 
 

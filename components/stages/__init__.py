@@ -118,7 +118,9 @@ def _reference(tracker: Any, key: str, path: Path, cfg: PipelineConfig, consumed
     try:
         entry = None
         if consumed:  # under `dvc repro` an input is the upstream output dvc.lock recorded
-            entry = next((o for o in storage.locked_outputs(key.split("/")[0]) if o["path"] == str(path)), None)
+            entry = next(
+                (o for o in storage.locked_outputs(key.split("/")[0]) if o["path"] == str(path)), None
+            )
         if entry is None:
             if not Path(path).exists():
                 return

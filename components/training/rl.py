@@ -44,6 +44,7 @@ from components.engine import GenerationConfig, generate
 from components.grading.judge import judge_many, summarize
 from components.grading.rewards import score_many
 from components.parallel import TagIds, parse_text, trace_metrics
+from components.progress import track
 from components.prompts import render_prompt
 from components.training.checkpoint import TrainingState, latest_checkpoint, load_checkpoint, save_checkpoint
 from components.training.dapo import DynamicSampler, DynamicSamplingStats, overlong_penalty
@@ -454,16 +455,22 @@ class RLTrainer:
             self._log({"eval": self.evals[-1]})
         history: list[dict[str, Any]] = []
         done = 0
-        while self.step < self.sc.steps and (max_steps is None or done < max_steps):
-            metrics = self.train_step()
-            done += 1
-            if self.step % self.sc.eval_every == 0 or self.step == self.sc.steps:
-                self.evals.append(self.evaluate())
-                metrics["eval"] = self.evals[-1]
-            history.append(metrics)
-            self._log(metrics)
-            if self.step % self.sc.save_every == 0 or self.step == self.sc.steps:
-                self._save()
+        with track(f"{self.stage} ({self.sc.algorithm})", total=self.sc.steps, unit="steps") as bar:
+            bar.advance(self.step)  # resumed steps
+            while self.step < self.sc.steps and (max_steps is None or done < max_steps):
+                metrics = self.train_step()
+                done += 1
+                if self.step % self.sc.eval_every == 0 or self.step == self.sc.steps:
+                    self.evals.append(self.evaluate())
+                    metrics["eval"] = self.evals[-1]
+                history.append(metrics)
+                self._log(metrics)
+                if self.step % self.sc.save_every == 0 or self.step == self.sc.steps:
+                    self._save()
+                shown = {"reward": metrics.get("reward/mean"), "valid": metrics["rollout/format_valid"]}
+                if self.evals:
+                    shown["eval acc"] = self.evals[-1]["accuracy"]
+                bar.advance(1, **shown)
         return RLRunResult(metrics=self.summary(history, resumed), history=history, evals=list(self.evals))
 
     def summary(self, history: list[dict[str, Any]], resumed: bool) -> dict[str, Any]:

@@ -63,7 +63,10 @@ def test_exp_run_then_exp_show_and_metrics_diff_show_the_change(repo: Path) -> N
             data = exp.get("data") or {}
             row = data.get("metrics", {}).get("metrics/sample_orz.json", {}).get("data")
             if row is not None and exp.get("rev") != "workspace":
-                values[exp["rev"]] = (data["params"]["params.yaml"]["data"]["sample_orz"]["n"], row["n_train"])
+                values[exp["rev"]] = (
+                    data["params"]["params.yaml"]["data"]["sample_orz"]["n"],
+                    row["n_train"],
+                )
     assert sorted(values.values()) == [(300, 300), (400, 400)], exps
     exp_name = _dvc(repo, "exp", "list", "--name-only").stdout.split()[0]
     diff = json.loads(_dvc(repo, "metrics", "diff", "HEAD", exp_name, "--json").stdout)
@@ -91,7 +94,9 @@ def _plot_rows(repo: Path) -> None:
         for s in range(1, 4):
             rec = {"step": s, "reward/mean": -1 + 0.1 * s + k, "actor/pg_loss": 0.01 * s}
             rec |= {"rollout/format_valid": 0.3 * s, "rollout/correct_and_valid": 0.1 * s}
-            lines.append(rec | ({"eval": {"step": s, "accuracy": 0.2, "format_valid": 0.5}} if s == 3 else {}))
+            lines.append(
+                rec | ({"eval": {"step": s, "accuracy": 0.2, "format_valid": 0.5}} if s == 3 else {})
+            )
         (work / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
         write_training_curves(work, repo / "plots" / stage)
     bench = {"tiny_test": {"accuracy": 0.5}}
@@ -111,7 +116,9 @@ def _chromium() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 
 
-def test_plots_show_is_self_contained_and_draws_every_plot(repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_plots_show_is_self_contained_and_draws_every_plot(
+    repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import yaml
 
     from components.ops.plots_html import ensure_offline_template
