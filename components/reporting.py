@@ -245,18 +245,18 @@ def rejection_categories(metrics: Mapping[str, Any], work_dir: Path | None = Non
                 counts[str(reason)] = counts.get(str(reason), 0) + n
     log = Path(work_dir) / RL_REJECTIONS_LOG if work_dir is not None else None
     if log is not None and log.exists():
-        # a resumed run replays the steps after its last checkpoint: the last block of a step counts
-        by_step: dict[Any, list[str]] = {}
-        previous = object()
+        # a resumed run replays the steps after its last checkpoint: a step counts as its last writer
+        # (``segment``, one per trainer process) logged it
+        by_step: dict[Any, tuple[Any, list[str]]] = {}
         for line in log.read_text(encoding="utf-8").splitlines():
             if not line.strip():
                 continue
             rec = json.loads(line)
-            if rec.get("step") != previous:
-                by_step[rec.get("step")] = []
-                previous = rec.get("step")
-            by_step[rec.get("step")].append(str(rec["reason"]))
-        for reasons in by_step.values():
+            segment, reasons = by_step.get(rec.get("step"), (None, []))
+            if segment != rec.get("segment"):
+                reasons = []
+            by_step[rec.get("step")] = (rec.get("segment"), [*reasons, str(rec["reason"])])
+        for _, reasons in by_step.values():
             for reason in reasons:
                 counts[reason] = counts.get(reason, 0) + 1
     if len(counts) > MAX_CATEGORIES:

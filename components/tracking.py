@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import os
+import urllib.parse
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -93,9 +94,14 @@ class StageRun:
 
         ``checksum=False``: the URI of a DVC remote object is already content-addressed (its md5 is in the
         path), so W&B need not list or hash the bucket, and no credentials are needed at log time.
-        Returns the W&B artifact (``None`` when tracking is disabled).
+        The run config also gets ``outputs/<name>`` (``{uri, ...metadata}``). W&B refuses a ``file://``
+        reference to an object that does not exist yet (a local DVC remote before the stage's push): then
+        the config entry is the record and no artifact is logged. Returns the W&B artifact or ``None``.
         """
         if self.run.disabled:
+            return None
+        self.run.config.update({f"outputs/{name}": {"uri": uri, **(metadata or {})}}, allow_val_change=True)
+        if uri.startswith("file://") and not Path(urllib.parse.unquote(urllib.parse.urlparse(uri).path)).exists():
             return None
         return self.run.log_artifact(_reference_artifact(name, uri, type, metadata))
 

@@ -134,6 +134,8 @@ class RLTrainer:
         self.tracker = tracker  # a components.tracking.StageRun, or None
         # rollouts filtered out in the current step, with the parser's message (-> rollout_rejections.jsonl)
         self.rejections: list[dict[str, Any]] = []
+        # which process wrote a record: a resumed run replays the steps after its checkpoint
+        self.segment = f"{time.time_ns():x}"
 
     # ----------------------------------------------------------------------------------- generation
     def _gen_cfg(self, mode: str, temperature: float, top_p: float, seed: int) -> GenerationConfig:
@@ -508,7 +510,7 @@ class RLTrainer:
         if self.rejections:
             with (self.work_dir / REJECTIONS_LOG).open("a", encoding="utf-8") as f:
                 for rec in self.rejections:
-                    f.write(json.dumps({"step": self.step, **rec}) + "\n")
+                    f.write(json.dumps({"step": self.step, "segment": self.segment, **rec}) + "\n")
             self.rejections = []
         if self.tracker is not None:
             flat = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
