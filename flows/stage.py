@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,12 +53,37 @@ def stage_metrics(stage: str) -> dict[str, Any]:
     return json.loads(record.read_text())
 
 
+# What `dvc repro` (dvc 3.67, pinned) prints for each way a stage can end up done.
+RAN, UP_TO_DATE, RESTORED = "ran", "up to date", "restored from run-cache"
+_DVC_OUTCOMES = (
+    ("Running stage '{stage}'", RAN),
+    ("Stage '{stage}' didn't change, skipping", UP_TO_DATE),
+    ("Stage '{stage}' is cached - skipping run", RESTORED),
+)
+
+
+def repro_outcome(stage: str, lines: list[str]) -> str | None:
+    """Whether `dvc repro` ran the stage, found it up to date, or restored it from the run-cache."""
+    found = None
+    for line in lines:
+        for marker, outcome in _DVC_OUTCOMES:
+            if marker.format(stage=stage) in line:
+                found = outcome
+    return found
+
+
 def execute_stage(
-    stage: str, cfg: PipelineConfig, pipeline_run_id: str | None = None, torch_threads: int | None = None
+    stage: str,
+    cfg: PipelineConfig,
+    pipeline_run_id: str | None = None,
+    torch_threads: int | None = None,
+    report: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Pull missing inputs, `dvc repro --single-item`, push outputs; returns the stage's metrics.
 
     ``torch_threads`` (a stage running beside another) becomes the stage process's ``NPR_TORCH_THREADS``.
+    ``report``, when given, receives ``outcome`` (``RAN``, ``UP_TO_DATE`` or ``RESTORED``) and the split of
+    the task's wall time (``pull_s``, ``repro_s``, ``push_s``).
     """
     from components import storage
 
@@ -74,7 +100,11 @@ def execute_stage(
     # --wait-for-lock: another branch's `dvc repro` may hold the lock while it checks or records its stage
     cmd = [_dvc(), "--wait-for-lock", "repro", "--single-item", stage]
     timeout_s = cfg.orchestration.timeout_for(stage)
-    returncode, tail, timed_out = stream_with_deadline(cmd, env, timeout_s)
+    seen: list[str] = []  # DVC's lines about this stage (its outcome), whatever the tail keeps
+    watch = f"'{stage}'"
+    returncode, tail, timed_out = stream_with_deadline(
+        cmd, env, timeout_s, on_line=lambda line: seen.append(line) if watch in line else None
+    )
     if timed_out:
         raise StageFailed(
             f"stage {stage} ran past its timeout of {timeout_s} s (orchestration.task_timeout_s) and was "
@@ -86,15 +116,26 @@ def execute_stage(
     if cfg.storage.push_after_stage:
         storage.push_stage_outputs(stage, cfg)
     # Where a stage task's time goes, beside the stage's own wall_time_s in its metrics.json.
+    outcome = repro_outcome(stage, seen) or RAN
     print(
-        f"stage {stage}: pull {pulled - started:.1f} s, dvc repro {reproduced - pulled:.1f} s, "
+        f"stage {stage} {outcome}: pull {pulled - started:.1f} s, dvc repro {reproduced - pulled:.1f} s, "
         f"push {time.perf_counter() - reproduced:.1f} s"
     )
+    if report is not None:
+        report.update(
+            outcome=outcome,
+            pull_s=round(pulled - started, 1),
+            repro_s=round(reproduced - pulled, 1),
+            push_s=round(time.perf_counter() - reproduced, 1),
+        )
     return stage_metrics(stage)
 
 
-def stream_with_deadline(cmd: list[str], env: dict[str, str], timeout_s: float) -> tuple[int, list[str], bool]:
+def stream_with_deadline(
+    cmd: list[str], env: dict[str, str], timeout_s: float, on_line: Callable[[str], Any] | None = None
+) -> tuple[int, list[str], bool]:
     """Run ``cmd``, echoing its output live; kill it and every process under it after ``timeout_s``.
+    ``on_line`` sees every output line.
 
     Returns ``(exit code, last 25 output lines, timed out)``. The deadline is enforced here because a
     Prefect task timeout cannot interrupt a blocking read in a worker thread (where parallel stages run),
@@ -125,6 +166,8 @@ def stream_with_deadline(cmd: list[str], env: dict[str, str], timeout_s: float) 
                 sys.stdout.write(line)
                 sys.stdout.flush()
                 tail.append(line.rstrip("\n"))
+                if on_line is not None:
+                    on_line(line.rstrip("\n"))
         finally:
             timer.cancel()
     return proc.returncode, list(tail), expired.is_set()

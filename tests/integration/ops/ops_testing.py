@@ -10,9 +10,11 @@ from __future__ import annotations
 import configparser
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]
@@ -204,3 +206,22 @@ def copy_checkout(dest: Path) -> Path:
     run(["git", "config", "user.name", "ops tests"], dest)
     git_commit(dest, "copy of the checkout")
     return dest
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def group_alive(pid: int, grace_s: float = 5.0) -> bool:
+    """Whether any process of the group exists after ``grace_s`` (killed orphans take a moment to be reaped)."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        try:
+            os.killpg(pid, 0)
+        except ProcessLookupError:
+            return False
+        if time.monotonic() > deadline:
+            return True
+        time.sleep(0.1)
