@@ -144,11 +144,14 @@ def track(
         task._line(f"{description}: started" + (f" ({total:g} {unit})" if total else ""))
     try:
         yield task
-    finally:
+    except BaseException:
         if task._plain:
-            elapsed = _fmt_s(time.perf_counter() - task.started)
-            fields = "".join(f", {k} {v}" for k, v in task.fields.items())
-            task._line(f"{task.description}: done, {task.completed:g} {unit} in {elapsed}{fields}")
+            task._line(f"{task.description}: failed after {_fmt_s(time.perf_counter() - task.started)}")
+        raise
+    if task._plain:
+        elapsed = _fmt_s(time.perf_counter() - task.started)
+        fields = "".join(f", {k} {v}" for k, v in task.fields.items())
+        task._line(f"{task.description}: done, {task.completed:g} {unit} in {elapsed}{fields}")
 
 
 def print_table(

@@ -100,7 +100,21 @@ def test_server_deployments_worker_and_a_pipeline_run(
     root = copy_checkout(tmp_path / "repo")
     # what `make run` does on a clean clone: raw data, then params.yaml from the profile
     run([str(VENV_BIN / "npr"), "data", "fetch"], root)
-    run([str(VENV_BIN / "npr"), "config", "use", "tiny", "--set", "sample_orz.synthetic_pool=3000"], root)
+    run(
+        [
+            str(VENV_BIN / "npr"),
+            "config",
+            "use",
+            "tiny",
+            "--set",
+            "sample_orz.synthetic_pool=3000",
+            "--set",
+            "sample_orz.n=1000",
+            "--set",
+            "sample_orz.test_n=100",
+        ],
+        root,
+    )
     timings = {"copy+fetch": time.monotonic() - started}
     for key, value in {
         "PREFECT_HOME": str(tmp_path / "prefect_home"),
