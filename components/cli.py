@@ -96,9 +96,9 @@ def _print_summary(name: str, metrics: dict, where: str) -> None:
         rows = [
             {"checkpoint": c, **_flat_row(checkpoint_summary(m))} for c, m in metrics["checkpoints"].items()
         ]
-        print_table(f"{name} ({where})", rows)
+        print_table(name, rows, note=where)
     else:
-        print_table(f"{name} ({where})", stage_summary(name, metrics))
+        print_table(name, stage_summary(name, metrics), note=where)
 
 
 def _flat_row(values: dict) -> dict:
@@ -173,7 +173,7 @@ def data_fetch(
 
     # lists (files copied, skipped with their reasons) are counted here; --json lists them
     rows = {k: (len(v) if isinstance(v, list | dict) else v) for k, v in summary.items()}
-    print_table("data fetch (--json lists every file)", rows)
+    print_table("data fetch", rows, note="--json lists every file")
 
 
 def _track_with_dvc(dest: Path) -> str:

@@ -155,9 +155,13 @@ def track(
 
 
 def print_table(
-    title: str, rows: Mapping[str, Any] | list[Mapping[str, Any]], file: TextIO | None = None
+    title: str,
+    rows: Mapping[str, Any] | list[Mapping[str, Any]],
+    file: TextIO | None = None,
+    note: str | None = None,
 ) -> None:
-    """A short table on stdout: ``{metric: value}`` as two columns, or a list of rows with shared keys."""
+    """A short table on stdout: ``{metric: value}`` as two columns, or a list of rows with shared keys;
+    ``note`` is a line printed under it (e.g. where the full record is)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -177,9 +181,12 @@ def print_table(
             )
         for row in rows:
             table.add_row(*(_cell(row.get(k)) for k in keys))
-    Console(file=file or sys.stdout, width=200 if file is None and not sys.stdout.isatty() else None).print(
-        table
+    console = Console(
+        file=file or sys.stdout, width=200 if file is None and not sys.stdout.isatty() else None
     )
+    console.print(table)
+    if note:
+        console.print(note, highlight=False, soft_wrap=True)
 
 
 def _cell(value: Any) -> str:
