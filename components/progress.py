@@ -52,8 +52,11 @@ def _fmt_s(seconds: float) -> str:
 class Task:
     """What a loop reports through: ``advance(n, **fields)``; ``fields`` (e.g. ``loss=0.41``) are shown."""
 
-    def __init__(self, description: str, total: float | None, unit: str, level: Level, mode: Mode) -> None:
+    def __init__(
+        self, description: str, total: float | None, unit: str, level: Level, mode: Mode, eta: bool = True
+    ) -> None:
         self.description, self.total, self.unit, self.level, self.mode = description, total, unit, level, mode
+        self.eta = eta
         self.completed = 0.0
         self.fields: dict[str, Any] = {}
         self.started = time.perf_counter()
@@ -78,7 +81,7 @@ class Task:
         if self.total:
             parts[0] += f" ({100 * self.completed / self.total:.0f}%)"
         parts.append(_fmt_s(elapsed))
-        if self.total and 0 < self.completed < self.total:
+        if self.eta and self.total and 0 < self.completed < self.total:
             parts.append(f"~{_fmt_s(elapsed * (self.total - self.completed) / self.completed)} left")
         parts += [f"{k} {v}" for k, v in self.fields.items()]
         return ", ".join(parts)
@@ -112,11 +115,12 @@ def _short(value: Any) -> Any:
 
 @contextmanager
 def track(
-    description: str, total: float | None = None, unit: str = "steps", level: Level = "step"
+    description: str, total: float | None = None, unit: str = "steps", level: Level = "step", eta: bool = True
 ) -> Iterator[Task]:
-    """A progress task for one long loop (see the module docstring for what each mode shows)."""
+    """A progress task for one long loop (see the module docstring for what each mode shows); ``eta=False``
+    for steps of unequal length (a stage's phases), where a time-left estimate would mislead."""
     mode = progress_mode()
-    task = Task(description, total, unit, level, mode)
+    task = Task(description, total, unit, level, mode, eta)
     if mode == "tty":
         from rich.console import Console
         from rich.progress import (
@@ -131,7 +135,7 @@ def track(
 
         columns = [SpinnerColumn(), TextColumn("{task.description}")]
         if total:
-            columns += [BarColumn(), MofNCompleteColumn(), TimeRemainingColumn()]
+            columns += [BarColumn(), MofNCompleteColumn(), *([TimeRemainingColumn()] if eta else [])]
         columns += [TimeElapsedColumn(), TextColumn("{task.fields[info]}")]
         forced = os.environ.get(MODE_ENV, "").strip().lower() == "tty"
         console = Console(file=_stream(), force_terminal=True if forced else None)

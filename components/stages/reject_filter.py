@@ -224,12 +224,14 @@ def run(cfg: PipelineConfig, io: StageIO) -> dict[str, Any]:
     from components.progress import track
 
     fcfg = cfg.reject_filter
-    with track("reject_filter: reading trajectories", total=3, unit="phases") as progress:
+    with track("reject_filter: reading trajectories", total=3, unit="phases", eta=False) as progress:
         records = read_shards(io.input("distill/trajectories"))
         progress.advance(1, description=f"reject_filter: filtering {len(records)} trajectories")
         accepted, quarantined, counts = filter_trajectories(records, fcfg)
         rates = acceptance_by_difficulty(records, accepted)
-        progress.advance(1, description=f"reject_filter: validating {len(accepted)} accepted (Great Expectations)")
+        progress.advance(
+            1, description=f"reject_filter: validating {len(accepted)} accepted (Great Expectations)"
+        )
         if accepted:
             report = validate_accepted(accepted, rates, fcfg)
         else:

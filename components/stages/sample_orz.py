@@ -24,12 +24,14 @@ from components.progress import track
 def run(cfg: PipelineConfig, io: StageIO) -> dict[str, Any]:
     sc = cfg.sample_orz
     work_dir = Path(io.output("problems")).parent / "work"
-    with track("sample_orz", total=4, unit="phases") as progress:
+    with track("sample_orz", total=4, unit="phases", eta=False) as progress:
         progress.update(f"sample_orz: loading rows ({sc.source})")
         rows, provenance = load_source_rows(sc, work_dir)
         progress.advance(1, description=f"sample_orz: validating {len(rows)} rows (Great Expectations)")
         report = validate_problems(rows, QualityRules.from_config(sc))
-        progress.advance(1, description=f"sample_orz: sampling {sc.n} + {sc.test_n} of {len(report.kept)} kept")
+        progress.advance(
+            1, description=f"sample_orz: sampling {sc.n} + {sc.test_n} of {len(report.kept)} kept"
+        )
         return _sample_and_write(cfg, io, rows, provenance, report, progress)
 
 
