@@ -115,11 +115,20 @@ def wait_healthy(url: str, timeout_s: float, proc: subprocess.Popen | None = Non
 def launch_server(
     host: str, port: int, env: dict[str, str] | None = None, log: Path | None = None
 ) -> subprocess.Popen:
-    """Start ``prefect server start`` in its own session; the caller waits for health and stops it."""
+    """Start ``prefect server start`` in its own session; the caller waits for health and stops it.
+
+    The UI is told where its API is (``PREFECT_SERVER_UI_API_URL``): otherwise it calls port 4200 whatever
+    ``--port`` says, and on any other port every page of the UI fails ("Oops. Something went wrong.").
+    """
     out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 - owned by the child process
+    ui = (
+        {}
+        if "PREFECT_SERVER_UI_API_URL" in os.environ
+        else {"PREFECT_SERVER_UI_API_URL": api_url(host, port)}
+    )
     return subprocess.Popen(
         [prefect_bin(), "server", "start", "--host", host, "--port", str(port)],
-        env=_env(env),
+        env=_env({**ui, **(env or {})}),
         stdout=out,
         stderr=subprocess.STDOUT,
         start_new_session=True,

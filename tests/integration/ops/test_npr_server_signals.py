@@ -1,12 +1,15 @@
-"""`npr server` as a real process: SIGTERM and SIGINT stop the Prefect server it started (no orphan on the port)."""
+"""`npr server` as a real process: its UI calls its own port; SIGTERM and SIGINT stop the Prefect server it
+started (no orphan on the port)."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
 import subprocess
+import urllib.request
 from pathlib import Path
 
 import psutil
@@ -41,6 +44,9 @@ def test_a_signal_to_npr_server_stops_the_prefect_server(tmp_path: Path, sig: si
     server_pids: list[int] = []
     try:
         wait_healthy(api_url("127.0.0.1", port), 150, npr)
+        # the UI must call this server's API, not the default port's
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/ui-settings", timeout=10) as response:
+            assert json.loads(response.read())["api_url"] == api_url("127.0.0.1", port)
         server_pids = [c.pid for c in psutil.Process(npr.pid).children()]
         assert server_pids, "npr server started no child"
         os.kill(npr.pid, sig)  # to npr alone, as `kill PID` or systemd would; Ctrl-C's SIGINT likewise
