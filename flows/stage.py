@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -72,6 +73,42 @@ def repro_outcome(stage: str, lines: list[str]) -> str | None:
     return found
 
 
+# A step-level progress line of components.progress in a log ("<what>: 40/100 steps (40%), ...").
+_PROGRESS_LINE = re.compile(r"^(?P<what>.+): [\d.]+/[\d.]+ [^(]+ \((?P<pct>\d+)%\)")
+_DONE_LINE = re.compile(r"^.+: done, [\d.]+ ")
+
+
+class StageProgress:
+    """The stage's progress lines (its output is a pipe, so components.progress writes plain lines) as a
+    Prefect progress artifact ``<stage>-progress`` of the task run: a bar in the UI, at most a dozen
+    updates per long step. Outside a Prefect run it does nothing."""
+
+    def __init__(self, stage: str) -> None:
+        self.stage, self.artifact_id = stage, None
+        from prefect.context import TaskRunContext
+
+        self.active = TaskRunContext.get() is not None
+
+    def __call__(self, line: str) -> None:
+        if not self.active:
+            return
+        match = _PROGRESS_LINE.match(line)
+        if match is None and not _DONE_LINE.match(line):
+            return
+        from prefect.artifacts import create_progress_artifact, update_progress_artifact
+
+        pct, what = (float(match["pct"]) if match else 100.0), line[:200]
+        try:
+            if self.artifact_id is None:
+                key = f"{self.stage.replace('_', '-')}-progress"
+                self.artifact_id = create_progress_artifact(pct, key=key, description=what)
+            else:
+                update_progress_artifact(self.artifact_id, pct, description=what)
+        except Exception as err:  # the UI's bar is a convenience: never fail a stage over it
+            self.active = False
+            print(f"progress artifact of stage {self.stage} disabled: {err}")
+
+
 def execute_stage(
     stage: str,
     cfg: PipelineConfig,
@@ -102,9 +139,14 @@ def execute_stage(
     timeout_s = cfg.orchestration.timeout_for(stage)
     seen: list[str] = []  # DVC's lines about this stage (its outcome), whatever the tail keeps
     watch = f"'{stage}'"
-    returncode, tail, timed_out = stream_with_deadline(
-        cmd, env, timeout_s, on_line=lambda line: seen.append(line) if watch in line else None
-    )
+    progress = StageProgress(stage)
+
+    def on_line(line: str) -> None:
+        if watch in line:
+            seen.append(line)
+        progress(line)
+
+    returncode, tail, timed_out = stream_with_deadline(cmd, env, timeout_s, on_line=on_line)
     if timed_out:
         raise StageFailed(
             f"stage {stage} ran past its timeout of {timeout_s} s (orchestration.task_timeout_s) and was "

@@ -205,6 +205,8 @@ def test_server_deployments_worker_and_a_pipeline_run(
     first, second = artifacts[0]["sample-orz-metrics"], artifacts[1]["sample-orz-metrics"]
     assert f"| n_train | {flat['n_train']} |" in first and f"| rows_in | {flat['rows_in']} |" in first
     assert "ran in" in first and "up to date" in second
+    # the stage's progress lines became a progress artifact of its task: finished at 100 %
+    assert float(artifacts[0]["sample-orz-progress"]) == 100.0
     assert "quarantine_reasons" not in first or "| quarantine_reasons/" in first  # nested -> flattened
     # the evaluation's tables and the report's plots, embedded (a Prefect artifact cannot link files)
     metrics = eval_artifacts["evaluate-metrics"]
