@@ -186,15 +186,17 @@ EVAL_CURVE = {k: k for k in ("accuracy", "format_valid", "correct_and_valid", "p
 
 
 def _rows(records: list[Mapping[str, Any]], fields: Mapping[str, str]) -> list[dict[str, Any]]:
-    """One row per step (the last record of a step wins: a resumed run logs a step again)."""
+    """One row per step (the last record of a step wins: a resumed run logs a step again), every field in
+    every row: ``null`` where the step has no value (a step without an update has no reward). DVC drops a
+    whole plot when one of its files lacks the field; Vega leaves nulls out of a line."""
     by_step: dict[int, dict[str, Any]] = {}
     for rec in records:
         step = rec.get("step")
         if not isinstance(step, int):
             continue
-        row = {"step": step, **_pick(rec, fields)}
-        if len(row) > 1:
-            by_step[step] = row
+        values = _pick(rec, fields)
+        if values:
+            by_step[step] = {"step": step, **{name: values.get(name) for name in fields}}
     return [by_step[s] for s in sorted(by_step)]
 
 

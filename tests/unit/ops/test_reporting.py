@@ -77,10 +77,17 @@ def test_training_curves_from_the_trainers_logs(tmp_path: Path) -> None:
     ]  # fmt: skip
     (rl / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     curves = training_curves(rl)
+    empty = dict.fromkeys(
+        ("reward", "pg_loss", "format_valid", "correct_and_valid", "parallel_rate", "response_length")
+    )
     assert curves["train"] == [
-        {"step": 1, "reward": -0.5, "pg_loss": 0.01, "format_valid": 0.4},
-        {"step": 2, "format_valid": 0.5},  # a step without an update has no reward: left out, not NaN
+        {**empty, "step": 1, "reward": -0.5, "pg_loss": 0.01, "format_valid": 0.4},
+        {**empty, "step": 2, "format_valid": 0.5},  # no update that step: no reward, null (not NaN)
     ]
-    assert curves["eval"] == [{"step": 0, "accuracy": 0.1, "format_valid": 0.2}, {"step": 2, "accuracy": 0.3}]
+    blank = dict.fromkeys(("accuracy", "format_valid", "correct_and_valid", "parallel_rate"))
+    assert curves["eval"] == [
+        {**blank, "step": 0, "accuracy": 0.1, "format_valid": 0.2},
+        {**blank, "step": 2, "accuracy": 0.3},
+    ]
     assert not any(isinstance(v, float) and math.isnan(v) for r in curves["train"] for v in r.values())
     assert training_curves(tmp_path / "nothing") == {"train": []}
