@@ -58,16 +58,13 @@ def _scalars(metrics: Mapping[str, Any]) -> Flat:
 def sample_orz_summary(m: Mapping[str, Any]) -> Flat:
     return _pick(
         m,
-        {
-            n: n
-            for n in ("rows_in", "kept", "quarantined", "duplicates", "kept_fraction", "n_train", "n_test")
-        },
+        {n: n for n in ("rows_in", "kept", "quarantined", "duplicates", "n_train", "n_test")},
     )
 
 
 def seed_summary(m: Mapping[str, Any]) -> Flat:
     names = {"steps": "steps", "final_loss": "final_loss", "n": "eval_n"}
-    names.update({k: k for k in ("accuracy", "format_valid", "correct_and_valid", "parameters")})
+    names.update({k: k for k in ("accuracy", "format_valid", "correct_and_valid")})
     return _pick(m, names)
 
 
@@ -93,7 +90,7 @@ def distill_summary(m: Mapping[str, Any]) -> Flat:
 
 
 def reject_filter_summary(m: Mapping[str, Any]) -> Flat:
-    names = {k: k for k in ("sampled", "accepted", "acceptance_rate", "problems_accepted")}
+    names = {k: k for k in ("sampled", "accepted", "acceptance_rate")}
     names.update({k: k for k in ("rejected_wrong", "rejected_format", "rejected_other")})
     return _pick(m, names)
 
