@@ -273,14 +273,17 @@ def _flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, float | i
     return out
 
 
-def wandb_summary(stage: str, metrics: Mapping[str, Any], work_dir: Path | None = None) -> dict[str, Any]:
+def wandb_summary(
+    stage: str, metrics: Mapping[str, Any], work_dir: Path | None = None, categories: bool = True
+) -> dict[str, Any]:
     """The run summary of a stage: its flat metrics (evaluate: ``<checkpoint>/<metric>``) and
-    ``rejected/<category>`` counts."""
+    ``rejected/<category>`` counts (``categories``)."""
     if "checkpoints" in metrics and stage not in SUMMARIES:
         flat = _flatten({name: checkpoint_summary(c) for name, c in metrics["checkpoints"].items()})
         if (wall := _number(metrics.get("wall_time_s"))) is not None:
             flat["wall_time_s"] = wall
     else:
         flat = _flatten(stage_summary(stage, metrics))
-    flat.update({f"rejected/{k}": v for k, v in rejection_categories(metrics, work_dir).items()})
+    if categories:
+        flat.update({f"rejected/{k}": v for k, v in rejection_categories(metrics, work_dir).items()})
     return flat

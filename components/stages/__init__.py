@@ -108,7 +108,11 @@ def publish_stage(tracker: Any, name: str, cfg: PipelineConfig, io: StageIO, met
     warning: the stage's results stand."""
     from components import reporting
 
-    tracker.summary(reporting.wandb_summary(name, metrics, io.work_dir))
+    try:
+        tracker.summary(reporting.wandb_summary(name, metrics, io.work_dir))
+    except ValueError as err:  # too many rejection categories: free text in a reason (a bug to fix)
+        log.warning("W&B summary of %s without rejection categories: %s", name, err)
+        tracker.summary(reporting.wandb_summary(name, metrics, None, categories=False))
     for key, path in io.inputs.items():
         _reference(tracker, key, path, cfg, consumed=True)
     for key, path in io.outputs.items():
