@@ -7,6 +7,8 @@ The run goes through the API exactly as the UI's "Run" button does, on a tempora
 from __future__ import annotations
 
 import json
+import os
+import sys
 import time
 from pathlib import Path
 
@@ -175,9 +177,7 @@ def test_server_deployments_worker_and_a_pipeline_run(
             mark = time.monotonic()
             report_dir = tmp_path / "evalroot" / "artifacts" / "evaluate" / "report"
             _write_report(report_dir)
-            monkeypatch.chdir(tmp_path / "evalroot")
-            eval_run_id = _publish_evaluation()
-            monkeypatch.chdir(REPO)
+            eval_run_id = _publish_evaluation(url, tmp_path / "evalroot")
             eval_artifacts = {
                 a.key: a.data for a in client.read_artifacts() if str(a.flow_run_id) == eval_run_id
             }
@@ -227,15 +227,34 @@ def _write_report(report_dir: Path) -> None:
     (report_dir / "report.md").write_text(text)
 
 
-def _publish_evaluation() -> str:
-    from prefect import flow
-    from prefect.runtime import flow_run
+PUBLISH = """
+import json, sys
+from prefect import flow
+from prefect.runtime import flow_run
+from flows.pipeline import _publish
 
-    from flows.pipeline import _publish
+metrics = json.load(open(sys.argv[1]))
 
-    @flow(name="publish-evaluation-test")
-    def publish() -> str:
-        _publish("evaluate", "test-version", EVAL_METRICS, "ran", 13.0)
-        return str(flow_run.get_id())
 
-    return publish()
+@flow(name="publish-evaluation-test")
+def publish() -> str:
+    _publish("evaluate", "test-version", metrics, "ran", 13.0)
+    return str(flow_run.get_id())
+
+
+print("FLOW_RUN", publish())
+"""
+
+
+def _publish_evaluation(url: str, cwd: Path) -> str:
+    """Publish an evaluation's artifacts from a flow run on the server at ``url``, in a process of its own:
+    a flow run in this process would leave Prefect's event and log workers bound to a server the test
+    then stops (the next Prefect test of the process hung in its teardown)."""
+    (cwd / "metrics.json").write_text(json.dumps(EVAL_METRICS))
+    env = {
+        **os.environ,
+        "PREFECT_API_URL": url,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+    out = run([sys.executable, "-c", PUBLISH, str(cwd / "metrics.json")], cwd, env=env).stdout
+    return out.rsplit("FLOW_RUN ", 1)[1].split()[0]
