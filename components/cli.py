@@ -62,6 +62,7 @@ app.add_typer(config_app, name="config")
 app.add_typer(data_app, name="data")
 
 SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="Override a key: section.key=value")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print the full result as JSON instead of a table")]
 
 
 def _fail(msg: str, code: int = 2) -> None:
@@ -96,8 +97,8 @@ def config_use(profile: str, set_: SetOpt = None) -> None:
 
 
 @app.command("stage")
-def stage(name: str, set_: SetOpt = None) -> None:
-    """Run one stage with params.yaml (this is the cmd of every dvc.yaml stage)."""
+def stage(name: str, set_: SetOpt = None, as_json: JsonOpt = False) -> None:
+    """Run one stage with params.yaml (this is the cmd of every dvc.yaml stage); ends with its summary."""
     from components.stages import run_stage
 
     cfg = _load(None, set_)
@@ -111,8 +112,38 @@ def stage(name: str, set_: SetOpt = None) -> None:
     if relaunch is not None:
         os.execvp(relaunch[0], relaunch)
     metrics = run_stage(name, cfg)  # bad config/data: one line, exit 2; a bug: its traceback
-    if is_main_process():
+    if not is_main_process():
+        return
+    if as_json:
         typer.echo(json.dumps({k: v for k, v in metrics.items() if k != "provenance"}, indent=2, default=str))
+        return
+    _print_summary(name, metrics, f"full record: artifacts/{name}/metrics.json")
+
+
+def _print_summary(name: str, metrics: dict, where: str) -> None:
+    """The stage's flat metrics (what `dvc metrics show` reads) as a short table; an evaluation as one row
+    per checkpoint with its accuracy per benchmark."""
+    from components.progress import print_table
+    from components.reporting import checkpoint_summary, stage_summary
+
+    if "checkpoints" in metrics:
+        rows = [
+            {"checkpoint": c, **_flat_row(checkpoint_summary(m))} for c, m in metrics["checkpoints"].items()
+        ]
+        print_table(name, rows, note=where)
+    else:
+        print_table(name, stage_summary(name, metrics), note=where)
+
+
+def _flat_row(values: dict) -> dict:
+    """A table row of flat metrics: nested dicts (accuracy per benchmark) as ``outer/inner`` columns."""
+    out = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            out.update({f"{key}/{k}": v for k, v in value.items()})
+        else:
+            out[key] = value
+    return out
 
 
 @app.command("run")
@@ -173,6 +204,7 @@ def data_fetch(
         Path | None, typer.Option("--from", help="Copy raw data from this local directory")
     ] = None,
     dest: Annotated[Path, typer.Option(help="Destination tracked by data.dvc")] = Path("data"),
+    as_json: JsonOpt = False,
 ) -> None:
     """Populate data/ (ORZ problems and benchmarks) from a local directory or the hub."""
     from components.data.fetch import fetch_data
@@ -183,7 +215,14 @@ def data_fetch(
     except (FileNotFoundError, ValueError, ConnectionError) as err:
         _fail(str(err), 1)
     summary["dvc"] = _track_with_dvc(dest)
-    typer.echo(json.dumps(summary, indent=2))
+    if as_json:
+        typer.echo(json.dumps(summary, indent=2))
+        return
+    from components.progress import print_table
+
+    # lists (files copied, skipped with their reasons) are counted here; --json lists them
+    rows = {k: (len(v) if isinstance(v, list | dict) else v) for k, v in summary.items()}
+    print_table("data fetch", rows, note="--json lists every file")
 
 
 def _track_with_dvc(dest: Path) -> str:
@@ -259,8 +298,9 @@ def eval_(
     mode: Annotated[str, typer.Option(help="parallel | sequential")] = "parallel",
     out: Annotated[Path, typer.Option(help="Output directory")] = Path("artifacts/adhoc_eval"),
     set_: SetOpt = None,
+    as_json: JsonOpt = False,
 ) -> None:
-    """Evaluate one checkpoint ad hoc with the same code as the evaluate stage."""
+    """Evaluate one checkpoint ad hoc with the same code as the evaluate stage; ends with its table."""
     from components.evaluation.adhoc import evaluate_checkpoint
 
     cfg = _load(None, set_)
@@ -271,9 +311,38 @@ def eval_(
         )
     except (FileNotFoundError, ValueError, KeyError) as err:
         _fail(f"eval failed: {err}", 1)
-    typer.echo(json.dumps(summary, indent=2, default=str))
+    if as_json:
+        typer.echo(json.dumps(summary, indent=2, default=str))
+    else:
+        _print_summary("eval", summary.get("metrics", summary), f"full record: {out / 'metrics.json'}")
     if summary.get("report"):
         typer.echo(f"report: {summary['report']}")
+
+
+@app.command("plots", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def plots(
+    ctx: typer.Context,
+    action: Annotated[str, typer.Argument(help="show | diff | template")] = "show",
+) -> None:
+    """`dvc plots show|diff [ARGS]` with the self-contained page (no CDN); `template` only writes the page.
+
+    The page template (Vega inlined) is written to .dvc/tmp/ on first use; plain `dvc plots show` uses it
+    too (.dvc/config names it), once any stage ran or `npr plots template` did.
+    """
+    import subprocess
+
+    from components.ops.plots_html import ensure_offline_template
+
+    path = ensure_offline_template()
+    if path is None:
+        _fail("no .dvc/ directory here: run from the repository root")
+    if action == "template":
+        typer.echo(f"offline plots page template: {path}")
+        return
+    if action not in ("show", "diff"):
+        _fail(f"unknown action {action!r}: show | diff | template")
+    dvc = Path(sys.executable).with_name("dvc")
+    raise typer.Exit(subprocess.run([str(dvc), "plots", action, *ctx.args], check=False).returncode)
 
 
 @app.command("server")

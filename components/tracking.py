@@ -15,13 +15,18 @@
   Offline, each restart is another ``offline-run-*-<id>`` directory of the same run (``wandb sync`` merges
   them).
 - Datasets and checkpoints are logged as artifact *references* to where DVC keeps them on the remote
-  (``components.storage.remote_uri``); W&B records the URI and digest, never a copy of the bytes.
+  (``components.storage.content_uri``, the object named by the DVC md5 of the output); W&B records the
+  URI and digest, never a copy of the bytes. The stage runner (``components.stages.run_stage``) logs the
+  outputs a stage produced (``log_reference``) and the inputs it consumed (``use_reference``).
+- One run per stage: ``run_stage`` opens it around the whole stage; a ``stage_run`` for the same stage
+  inside it (the trainers', the evaluation's) logs into that run instead of starting another.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import urllib.parse
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -34,6 +39,8 @@ RUN_ID_FILE = "wandb_run_id"
 STEP_FILE = "wandb_step"  # the last step W&B surely holds (written after the run finished)
 JOURNAL_FILE = "wandb_log.jsonl"  # every step logged, to log again what a killed process lost
 PIPELINE_RUN_ENV = "NPR_PIPELINE_RUN_ID"
+# The open run of each stage in this process (stage -> StageRun), so nested stage_run calls share it.
+_ACTIVE: dict[str, StageRun] = {}
 
 
 def pipeline_run_id() -> str:
@@ -161,15 +168,37 @@ class StageRun:
 
         ``checksum=False``: the URI of a DVC remote object is already content-addressed (its md5 is in the
         path), so W&B need not list or hash the bucket, and no credentials are needed at log time.
-        Returns the W&B artifact (``None`` when tracking is disabled).
+        The run config also gets ``outputs/<name>`` (``{uri, ...metadata}``). W&B refuses a ``file://``
+        reference to an object that does not exist yet (a local DVC remote before the stage's push): then
+        the config entry is the record and no artifact is logged. Returns the W&B artifact or ``None``.
         """
-        import wandb
-
         if self.run.disabled:
             return None
-        artifact = wandb.Artifact(_artifact_name(name), type=type, metadata={"uri": uri, **(metadata or {})})
-        artifact.add_reference(uri, name=name.rsplit("/", 1)[-1], checksum=False)
-        return self.run.log_artifact(artifact)
+        self.run.config.update({f"outputs/{name}": {"uri": uri, **(metadata or {})}}, allow_val_change=True)
+        if uri.startswith("file://") and not Path(urllib.parse.unquote(urllib.parse.urlparse(uri).path)).exists():
+            return None
+        return self.run.log_artifact(_reference_artifact(name, uri, type, metadata))
+
+    def use_reference(self, name: str, uri: str, type: str, metadata: dict[str, Any] | None = None) -> None:
+        """Record that the stage consumed the artifact at ``uri`` (the same reference its producer logged).
+
+        Always in the run config under ``inputs/<name>`` (``{uri, ...metadata}``); online also as a W&B
+        input artifact (``use_artifact``: lineage in the UI). W&B refuses ``use_artifact`` in offline mode,
+        so an offline run keeps the config entry only.
+        """
+        if self.run.disabled:
+            return
+        self.run.config.update({f"inputs/{name}": {"uri": uri, **(metadata or {})}}, allow_val_change=True)
+        if not self.run.offline:
+            self.run.use_artifact(_reference_artifact(name, uri, type, metadata))
+
+
+def _reference_artifact(name: str, uri: str, type: str, metadata: dict[str, Any] | None) -> Any:
+    import wandb
+
+    artifact = wandb.Artifact(_artifact_name(name), type=type, metadata={"uri": uri, **(metadata or {})})
+    artifact.add_reference(uri, name=name.rsplit("/", 1)[-1], checksum=False)
+    return artifact
 
 
 def step_logger(run: StageRun, every: int = 1) -> Callable[[int, dict[str, Any]], None]:
@@ -198,8 +227,12 @@ def stage_run(cfg: Any, stage: str, run_dir: Path | str) -> Iterator[StageRun]:
 
     ``cfg`` is the PipelineConfig (its ``tracking`` section is used; the whole resolved config becomes the
     run config) or a bare ``TrackingConfig``. The run is finished on exit; an exception inside marks it
-    failed (exit code 1) and propagates.
+    failed (exit code 1) and propagates. Inside an open run of the same stage (the stage runner's), yields
+    that run and leaves finishing it to its owner.
     """
+    if stage in _ACTIVE:
+        yield _ACTIVE[stage]
+        return
     import wandb
 
     tracking = cfg if isinstance(cfg, TrackingConfig) else cfg.tracking
@@ -220,11 +253,15 @@ def stage_run(cfg: Any, stage: str, run_dir: Path | str) -> Iterator[StageRun]:
         init.update(id=_persisted_run_id(Path(run_dir)), resume="allow")
     run = wandb.init(**init)
     stage_run_ = StageRun(run, stage, Path(run_dir) if mode != "disabled" else None)
+    _ACTIVE[stage] = stage_run_
     try:
         yield stage_run_
     except BaseException:
         run.finish(exit_code=1)
         stage_run_.close()
         raise
-    run.finish()
-    stage_run_.close()
+    else:
+        run.finish()
+        stage_run_.close()
+    finally:
+        _ACTIVE.pop(stage, None)

@@ -10,19 +10,21 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
 
 from components.config import PipelineConfig, load_config, materialise_profile
-from components.dag import load_stages
+from components.dag import load_stages, stage_io
 from components.env import THREADS_ENV
 
 
@@ -45,18 +47,80 @@ def _dvc() -> str:
 
 
 def stage_metrics(stage: str) -> dict[str, Any]:
-    spec = load_stages()[stage]
-    if not spec.metrics or not Path(spec.metrics[0]).exists():
+    """The stage's full record (``artifacts/<stage>/metrics.json``), or {} when it has none yet."""
+    record = stage_io(stage).metrics
+    if record is None or not record.exists():
         return {}
-    return json.loads(Path(spec.metrics[0]).read_text())
+    return json.loads(record.read_text())
+
+
+# What `dvc repro` (dvc 3.67, pinned) prints for each way a stage can end up done.
+RAN, UP_TO_DATE, RESTORED = "ran", "up to date", "restored from run-cache"
+_DVC_OUTCOMES = (
+    ("Running stage '{stage}'", RAN),
+    ("Stage '{stage}' didn't change, skipping", UP_TO_DATE),
+    ("Stage '{stage}' is cached - skipping run", RESTORED),
+)
+
+
+def repro_outcome(stage: str, lines: list[str]) -> str | None:
+    """Whether `dvc repro` ran the stage, found it up to date, or restored it from the run-cache."""
+    found = None
+    for line in lines:
+        for marker, outcome in _DVC_OUTCOMES:
+            if marker.format(stage=stage) in line:
+                found = outcome
+    return found
+
+
+# A step-level progress line of components.progress in a log ("<what>: 40/100 steps (40%), ...").
+_PROGRESS_LINE = re.compile(r"^(?P<what>.+): [\d.]+/[\d.]+ [^(]+ \((?P<pct>\d+)%\)")
+_DONE_LINE = re.compile(r"^.+: done, [\d.]+ ")
+
+
+class StageProgress:
+    """The stage's progress lines (its output is a pipe, so components.progress writes plain lines) as a
+    Prefect progress artifact ``<stage>-progress`` of the task run: a bar in the UI, at most a dozen
+    updates per long step. Outside a Prefect run it does nothing."""
+
+    def __init__(self, stage: str) -> None:
+        self.stage, self.artifact_id = stage, None
+        from prefect.context import TaskRunContext
+
+        self.active = TaskRunContext.get() is not None
+
+    def __call__(self, line: str) -> None:
+        if not self.active:
+            return
+        match = _PROGRESS_LINE.match(line)
+        if match is None and not _DONE_LINE.match(line):
+            return
+        from prefect.artifacts import create_progress_artifact, update_progress_artifact
+
+        pct, what = (float(match["pct"]) if match else 100.0), line[:200]
+        try:
+            if self.artifact_id is None:
+                key = f"{self.stage.replace('_', '-')}-progress"
+                self.artifact_id = create_progress_artifact(pct, key=key, description=what)
+            else:
+                update_progress_artifact(self.artifact_id, pct, description=what)
+        except Exception as err:  # the UI's bar is a convenience: never fail a stage over it
+            self.active = False
+            print(f"progress artifact of stage {self.stage} disabled: {err}")
 
 
 def execute_stage(
-    stage: str, cfg: PipelineConfig, pipeline_run_id: str | None = None, torch_threads: int | None = None
+    stage: str,
+    cfg: PipelineConfig,
+    pipeline_run_id: str | None = None,
+    torch_threads: int | None = None,
+    report: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Pull missing inputs, `dvc repro --single-item`, push outputs; returns the stage's metrics.
 
     ``torch_threads`` (a stage running beside another) becomes the stage process's ``NPR_TORCH_THREADS``.
+    ``report``, when given, receives ``outcome`` (``RAN``, ``UP_TO_DATE`` or ``RESTORED``) and the split of
+    the task's wall time (``pull_s``, ``repro_s``, ``push_s``).
     """
     from components import storage
 
@@ -73,7 +137,16 @@ def execute_stage(
     # --wait-for-lock: another branch's `dvc repro` may hold the lock while it checks or records its stage
     cmd = [_dvc(), "--wait-for-lock", "repro", "--single-item", stage]
     timeout_s = cfg.orchestration.timeout_for(stage)
-    returncode, tail, timed_out = stream_with_deadline(cmd, env, timeout_s)
+    seen: list[str] = []  # DVC's lines about this stage (its outcome), whatever the tail keeps
+    watch = f"'{stage}'"
+    progress = StageProgress(stage)
+
+    def on_line(line: str) -> None:
+        if watch in line:
+            seen.append(line)
+        progress(line)
+
+    returncode, tail, timed_out = stream_with_deadline(cmd, env, timeout_s, on_line=on_line)
     if timed_out:
         raise StageFailed(
             f"stage {stage} ran past its timeout of {timeout_s} s (orchestration.task_timeout_s) and was "
@@ -85,15 +158,26 @@ def execute_stage(
     if cfg.storage.push_after_stage:
         storage.push_stage_outputs(stage, cfg)
     # Where a stage task's time goes, beside the stage's own wall_time_s in its metrics.json.
+    outcome = repro_outcome(stage, seen) or RAN
     print(
-        f"stage {stage}: pull {pulled - started:.1f} s, dvc repro {reproduced - pulled:.1f} s, "
+        f"stage {stage} {outcome}: pull {pulled - started:.1f} s, dvc repro {reproduced - pulled:.1f} s, "
         f"push {time.perf_counter() - reproduced:.1f} s"
     )
+    if report is not None:
+        report.update(
+            outcome=outcome,
+            pull_s=round(pulled - started, 1),
+            repro_s=round(reproduced - pulled, 1),
+            push_s=round(time.perf_counter() - reproduced, 1),
+        )
     return stage_metrics(stage)
 
 
-def stream_with_deadline(cmd: list[str], env: dict[str, str], timeout_s: float) -> tuple[int, list[str], bool]:
+def stream_with_deadline(
+    cmd: list[str], env: dict[str, str], timeout_s: float, on_line: Callable[[str], Any] | None = None
+) -> tuple[int, list[str], bool]:
     """Run ``cmd``, echoing its output live; kill it and every process under it after ``timeout_s``.
+    ``on_line`` sees every output line.
 
     Returns ``(exit code, last 25 output lines, timed out)``. The deadline is enforced here because a
     Prefect task timeout cannot interrupt a blocking read in a worker thread (where parallel stages run),
@@ -124,6 +208,8 @@ def stream_with_deadline(cmd: list[str], env: dict[str, str], timeout_s: float) 
                 sys.stdout.write(line)
                 sys.stdout.flush()
                 tail.append(line.rstrip("\n"))
+                if on_line is not None:
+                    on_line(line.rstrip("\n"))
         finally:
             timer.cancel()
     return proc.returncode, list(tail), expired.is_set()

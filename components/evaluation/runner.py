@@ -171,8 +171,10 @@ def evaluate_benchmarks(
     checkpoint: str,
     mode: Mode,
     prompt_style: Mode,
+    progress: Any = None,
 ) -> dict[str, tuple[list[dict[str, Any]], float]]:
-    """Decode and grade ``spec.n_samples`` samples of every problem of every benchmark.
+    """Decode and grade ``spec.n_samples`` samples of every problem of every benchmark (``progress``, a
+    ``components.progress.Task``, advances by one per decode group).
 
     Returns ``{benchmark: (records, decode wall seconds)}``. Benchmarks decoded in one call
     (``decode_groups``) share its wall time in proportion to the tokens each generated, so each reports the
@@ -191,7 +193,12 @@ def evaluate_benchmarks(
             ]
             prompts[spec.name] = [pp for pp in rendered for _ in range(spec.n_samples)]
         flat = [pp for spec in group for pp in prompts[spec.name]]
+        names = ", ".join(spec.name for spec in group)
+        if progress is not None:
+            progress.update(f"evaluate {checkpoint} ({mode}): decoding {len(flat)} on {names}")
         generations, wall = _decode(model, tokenizer, tags, flat, generation_config(ecfg, mode))
+        if progress is not None:
+            progress.update(f"evaluate {checkpoint} ({mode}): grading {len(flat)} on {names}")
         if len(generations) != len(flat):
             raise RuntimeError(f"engine returned {len(generations)} generations for {len(flat)} prompts")
         total_tokens = max(1, sum(g.total_tokens for g in generations))
@@ -204,6 +211,8 @@ def evaluate_benchmarks(
                 gens, prompts[spec.name], problems[spec.name], spec, cfg, checkpoint, mode, tags
             )
             out[spec.name] = (records, wall * share)
+        if progress is not None:
+            progress.advance(1)
     return out
 
 
@@ -293,7 +302,6 @@ def evaluate_checkpoints(
     problems_dir: Path | None,
 ) -> EvalResult:
     """Evaluate every checkpoint on every benchmark; the one code path behind every evaluation number."""
-    from components.models.loading import load_model
     from components.prompts import prompt_fingerprint
 
     ecfg: EvaluateConfig = cfg.evaluate
@@ -313,52 +321,73 @@ def evaluate_checkpoints(
             "checkpoints": {},
         }
     )
-    for ckpt in checkpoints:
-        model, tokenizer = load_model(ckpt.path, cfg.models, cfg.run)
-        tags = _tags_for(tokenizer, cfg.schema_name, ckpt.mode)
-        benches: dict[str, dict[str, Any]] = {}
-        result.records[ckpt.name] = {}
-        args = (model, tokenizer, tags, problems, benchmarks, cfg, ckpt.name)
-        decoded = evaluate_benchmarks(*args, ckpt.mode, ckpt.prompt_style)
-        speedup = ckpt.mode == "parallel" and ecfg.measure_speedup
-        sequential = evaluate_benchmarks(*args, "sequential", ckpt.prompt_style) if speedup else {}
-        for spec in benchmarks:
-            records, wall = decoded[spec.name]
-            metrics = summarize_records(records, spec.k, wall)
-            if spec.name in sequential:
-                seq_records, seq_wall = sequential[spec.name]
-                seq = summarize_records(seq_records, spec.k, seq_wall)
-                metrics.update(
-                    sequential_accuracy=seq["accuracy"],
-                    sequential_tokens_per_s=seq["tokens_per_s"],
-                    sequential_total_tokens=seq["total_tokens"],
-                    sequential_wall_s=seq_wall,
-                    achieved_speedup=achieved_speedup(metrics["tokens_per_s"], seq["tokens_per_s"]),
-                )
-                result.sequential_records.setdefault(ckpt.name, {})[spec.name] = seq_records
-            benches[spec.name] = metrics
-            result.records[ckpt.name][spec.name] = records
-            log.info(
-                "%s on %s (%s): accuracy %.3f, %.0f tokens/s",
-                ckpt.name,
-                spec.name,
-                ckpt.mode,
-                metrics["accuracy"],
-                metrics["tokens_per_s"],
-            )
-        result.metrics["checkpoints"][ckpt.name] = {
-            "mode": ckpt.mode,
-            "prompt_style": ckpt.prompt_style,
-            "path": str(ckpt.path),
-            "checkpoint_hash": checkpoint_hash(ckpt.path),
-            "benchmarks": benches,
-            "average_accuracy": sum(m["accuracy"] for m in benches.values()) / len(benches),
-            "throughput": _throughput(benches),
-        }
-        del model
-        gc.collect()
+    from components.progress import track
+
+    groups = len(decode_groups(benchmarks, {s.name: len(problems[s.name]) for s in benchmarks},
+                               ecfg.generation.batch_size))  # fmt: skip
+    passes = sum(2 if c.mode == "parallel" and ecfg.measure_speedup else 1 for c in checkpoints)
+    with track("evaluate", total=groups * passes, unit="decode batches") as progress:
+        for ckpt in checkpoints:
+            _evaluate_one(cfg, ckpt, benchmarks, problems, result, progress)
     result.metrics["n_records"] = sum(len(r) for b in result.records.values() for r in b.values())
     return result
+
+
+def _evaluate_one(
+    cfg: Any,
+    ckpt: CheckpointSpec,
+    benchmarks: Sequence[BenchmarkSpec],
+    problems: Mapping[str, Sequence[Mapping[str, Any]]],
+    result: EvalResult,
+    progress: Any,
+) -> None:
+    """One checkpoint on every benchmark (and re-decoded sequentially for the speedup) into ``result``."""
+    from components.models.loading import load_model
+
+    ecfg: EvaluateConfig = cfg.evaluate
+    model, tokenizer = load_model(ckpt.path, cfg.models, cfg.run)
+    tags = _tags_for(tokenizer, cfg.schema_name, ckpt.mode)
+    benches: dict[str, dict[str, Any]] = {}
+    result.records[ckpt.name] = {}
+    args = (model, tokenizer, tags, problems, benchmarks, cfg, ckpt.name)
+    decoded = evaluate_benchmarks(*args, ckpt.mode, ckpt.prompt_style, progress)
+    speedup = ckpt.mode == "parallel" and ecfg.measure_speedup
+    sequential = evaluate_benchmarks(*args, "sequential", ckpt.prompt_style, progress) if speedup else {}
+    for spec in benchmarks:
+        records, wall = decoded[spec.name]
+        metrics = summarize_records(records, spec.k, wall)
+        if spec.name in sequential:
+            seq_records, seq_wall = sequential[spec.name]
+            seq = summarize_records(seq_records, spec.k, seq_wall)
+            metrics.update(
+                sequential_accuracy=seq["accuracy"],
+                sequential_tokens_per_s=seq["tokens_per_s"],
+                sequential_total_tokens=seq["total_tokens"],
+                sequential_wall_s=seq_wall,
+                achieved_speedup=achieved_speedup(metrics["tokens_per_s"], seq["tokens_per_s"]),
+            )
+            result.sequential_records.setdefault(ckpt.name, {})[spec.name] = seq_records
+        benches[spec.name] = metrics
+        result.records[ckpt.name][spec.name] = records
+        log.info(
+            "%s on %s (%s): accuracy %.3f, %.0f tokens/s",
+            ckpt.name,
+            spec.name,
+            ckpt.mode,
+            metrics["accuracy"],
+            metrics["tokens_per_s"],
+        )
+    result.metrics["checkpoints"][ckpt.name] = {
+        "mode": ckpt.mode,
+        "prompt_style": ckpt.prompt_style,
+        "path": str(ckpt.path),
+        "checkpoint_hash": checkpoint_hash(ckpt.path),
+        "benchmarks": benches,
+        "average_accuracy": sum(m["accuracy"] for m in benches.values()) / len(benches),
+        "throughput": _throughput(benches),
+    }
+    del model
+    gc.collect()
 
 
 def write_records(result: EvalResult, records_dir: Path, n_shards: int) -> int:

@@ -14,7 +14,6 @@ clears it so stale samples are never mixed in.
 from __future__ import annotations
 
 import math
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -88,16 +87,16 @@ def run(cfg: PipelineConfig, io: StageIO) -> dict[str, Any]:
     n_chunks = math.ceil(len(problems) / per_chunk)
     resumed = generated_tokens = 0
     gen_seconds = 0.0
-    show = sys.stderr.isatty()
-    from rich.progress import Progress
+    from components.progress import track
 
-    with Progress(disable=not show, transient=True) as progress:
-        task = progress.add_task("distill", total=n_chunks)
+    with track(
+        f"distill ({dcfg.k} samples x {len(problems)} problems)", total=n_chunks, unit="chunks"
+    ) as task:
         for c in range(n_chunks):
             chunk_path = work / f"chunk-{c:05d}.jsonl"
             if chunk_path.exists():
                 resumed += 1
-                progress.advance(task)
+                task.advance(1)
                 continue
             chunk = problems[c * per_chunk : (c + 1) * per_chunk]
             prompts = [
@@ -116,7 +115,7 @@ def run(cfg: PipelineConfig, io: StageIO) -> dict[str, Any]:
             tmp = chunk_path.with_suffix(".tmp")
             write_jsonl(tmp, trajectory_records(chunk, dcfg.k, prompts, gens, judgements))
             tmp.replace(chunk_path)
-            progress.advance(task)
+            task.advance(1, tokens_per_s=generated_tokens / max(gen_seconds, 1e-9))
 
     records = [r for c in range(n_chunks) for r in read_jsonl(work / f"chunk-{c:05d}.jsonl")]
     expected = len(problems) * dcfg.k

@@ -2,7 +2,8 @@
 
 Parallel checkpoints (``evaluate.parallel_checkpoints``) decode in the engine's parallel mode, the others
 sequentially; the held-out benchmark is the test split of ``sample_orz/problems``. The returned dict is
-what ``metrics.json`` holds (``dvc metrics show``); plot rows go to ``plots/`` beside it (``dvc plots show``).
+what ``artifacts/evaluate/metrics.json`` holds; the stage runner writes one flat row per checkpoint into
+``metrics/evaluate/`` (``dvc metrics show``); the plot rows go to ``plots/evaluate/`` (``dvc plots show``).
 """
 
 from __future__ import annotations
@@ -18,18 +19,15 @@ from components.evaluation.runner import CheckpointSpec, evaluate_checkpoints
 
 log = logging.getLogger(__name__)
 
-# dvc.yaml declares the plot files as artifacts/evaluate/plots/*.json, beside metrics.json.
-PLOTS_SUBDIR = "plots"
+# The stage writes its own plot rows (per-checkpoint bars) into plots/evaluate (dvc.yaml), so the stage
+# runner does not write training curves there.
+WRITES_PLOTS = True
 
 
 def stage_outputs(io: StageIO) -> EvalOutputs:
-    if io.metrics is None:
-        raise ValueError("stage evaluate declares no metrics file in dvc.yaml; its plots live beside it")
-    return EvalOutputs(
-        records_dir=io.output("records"),
-        report_dir=io.output("report"),
-        plots_dir=io.metrics.parent / PLOTS_SUBDIR,
-    )
+    if io.plots is None:
+        raise ValueError("stage evaluate declares no plots/evaluate output in dvc.yaml")
+    return EvalOutputs(records_dir=io.output("records"), report_dir=io.output("report"), plots_dir=io.plots)
 
 
 def run(cfg: Any, io: StageIO) -> dict[str, Any]:

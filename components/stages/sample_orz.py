@@ -19,15 +19,29 @@ from components.dag import StageIO
 from components.data.quality import DataQualityError, QualityRules, validate_problems, write_audit
 from components.data.sampling import difficulty_counts, rows_sha256, sample_splits, write_problem_splits
 from components.data.sources import load_source_rows
+from components.progress import track
 
 
 def run(cfg: PipelineConfig, io: StageIO) -> dict[str, Any]:
     sc = cfg.sample_orz
+    work_dir = Path(io.output("problems")).parent / "work"
+    with track("sample_orz", total=4, unit="phases", eta=False) as progress:
+        progress.update(f"sample_orz: loading rows ({sc.source})")
+        rows, provenance = load_source_rows(sc, work_dir)
+        progress.advance(1, description=f"sample_orz: validating {len(rows)} rows (Great Expectations)")
+        report = validate_problems(rows, QualityRules.from_config(sc))
+        progress.advance(
+            1, description=f"sample_orz: sampling {sc.n} + {sc.test_n} of {len(report.kept)} kept"
+        )
+        return _sample_and_write(cfg, io, rows, provenance, report, progress)
+
+
+def _sample_and_write(
+    cfg: PipelineConfig, io: StageIO, rows: list, provenance: dict, report: Any, progress: Any
+) -> dict[str, Any]:
+    sc = cfg.sample_orz
     problems_dir, audit_dir = io.output("problems"), io.output("audit")
     work_dir = Path(problems_dir).parent / "work"
-
-    rows, provenance = load_source_rows(sc, work_dir)
-    report = validate_problems(rows, QualityRules.from_config(sc))
     failed_dir = work_dir / "audit-failed"
     shutil.rmtree(failed_dir, ignore_errors=True)
     try:
@@ -47,10 +61,12 @@ def run(cfg: PipelineConfig, io: StageIO) -> dict[str, Any]:
         "kept": len(report.kept),
         "config": sc.model_dump(mode="json"),
     }
+    progress.advance(1, description="sample_orz: writing problems and audit")
     with atomic_dir(audit_dir) as tmp_audit:
         reconciliation = write_audit(report, tmp_audit)
     with atomic_dir(problems_dir) as tmp_problems:
         write_problem_splits(tmp_problems, train, test, sc.n_shards, manifest)
+    progress.advance(1, description="sample_orz")
 
     return {
         "rows_in": reconciliation["rows_in"],

@@ -22,7 +22,8 @@ One training step:
 Around it: held-out evaluation (``eval_every``; also before training so the gain over the starting model
 is measured) with ``components.grading.judge_many``/``summarize``; checkpoints in the stage's work dir
 every ``save_every`` steps and resume from the newest one; per-step metrics appended to
-``<work_dir>/metrics.jsonl`` and logged to W&B through ``components.tracking`` (one run per stage).
+``<work_dir>/metrics.jsonl`` and logged to W&B through ``components.tracking`` (one run per stage); each
+filtered rollout's reason in full to ``<work_dir>/rollout_rejections.jsonl`` (metrics count categories).
 
 Resume: a checkpoint carries, besides the weights, optimizer, scheduler and RNG states, everything the run
 has logged so far (``records``: the pre-training eval and every step's metrics) and the data cursor. A
@@ -50,6 +51,7 @@ from components.engine import GenerationConfig, generate
 from components.grading.judge import judge_many, summarize
 from components.grading.rewards import score_many
 from components.parallel import TagIds, parse_text, trace_metrics
+from components.progress import track
 from components.prompts import render_prompt
 from components.training.checkpoint import TrainingState, latest_checkpoint, load_checkpoint, save_checkpoint
 from components.training.dapo import DynamicSampler, DynamicSamplingStats, overlong_penalty
@@ -60,13 +62,16 @@ from components.training.rl_batch import (
     length_sorted_micro_batches,
     response_log_probs,
     response_mask_of,
-    structural_rejection,
+    structural_violation,
 )
 from components.training.rl_objective import actor_config, compute_advantages, compute_policy_loss
 
 Group = list[Rollout]
 log = logging.getLogger(__name__)
 METRICS_LOG = "metrics.jsonl"
+# Filtered rollouts with the parser's full message, one JSON line each, in the stage's work dir; metric
+# names carry only the reason's category (``rollout/rejected/<code>``), a fixed set.
+REJECTIONS_LOG = "rollout_rejections.jsonl"
 
 
 @dataclass
@@ -141,6 +146,10 @@ class RLTrainer:
         self.records: list[dict[str, Any]] = []
         self.resumed_from_step = 0
         self.tracker = tracker  # a components.tracking.StageRun, or None
+        # rollouts filtered out in the current step, with the parser's message (-> rollout_rejections.jsonl)
+        self.rejections: list[dict[str, Any]] = []
+        # which process wrote a record: a resumed run replays the steps after its checkpoint
+        self.segment = f"{time.time_ns():x}"
 
     # ----------------------------------------------------------------------------------- generation
     def _gen_cfg(self, mode: str, temperature: float, top_p: float, seed: int) -> GenerationConfig:
@@ -235,18 +244,24 @@ class RLTrainer:
 
         kept: list[Rollout] = []
         for r in rollouts:
-            reason = None
+            # reason: a category from a fixed set (metric names); detail: free text for the records only
+            reason, detail = None, ""
             if not r.response_ids:
                 reason = "empty_response"
             elif self.sc.structural_filter:
-                reason = structural_rejection(r, self.tags)
-                if reason is None and r.extra["filtered_by_reward"]:
+                violation = structural_violation(r, self.tags)
+                if violation is not None:
+                    reason, detail = violation.code, str(violation)
+                elif r.extra["filtered_by_reward"]:
                     reason = "reward_filtered"
             if reason is None:
                 kept.append(r)
             else:
                 counters["structurally_rejected"] += 1
                 counters[f"rejected/{reason}"] += 1
+                self.rejections.append(
+                    {"group_id": r.group_id, "problem_id": r.problem_id, "reason": reason, "detail": detail}
+                )
         groups: dict[str, Group] = {}
         for r in kept:
             groups.setdefault(r.group_id, []).append(r)
@@ -529,16 +544,22 @@ class RLTrainer:
             self._log({"eval": self.evals[-1]})
         history: list[dict[str, Any]] = []
         done = 0
-        while self.step < self.sc.steps and (max_steps is None or done < max_steps):
-            metrics = self.train_step()
-            done += 1
-            if self.step % self.sc.eval_every == 0 or self.step == self.sc.steps:
-                self.evals.append(self.evaluate())
-                metrics["eval"] = self.evals[-1]
-            history.append(metrics)
-            self._log(metrics)
-            if self.step % self.sc.save_every == 0 or self.step == self.sc.steps:
-                self._save()
+        with track(f"{self.stage} ({self.sc.algorithm})", total=self.sc.steps, unit="steps") as bar:
+            bar.advance(self.step)  # resumed steps
+            while self.step < self.sc.steps and (max_steps is None or done < max_steps):
+                metrics = self.train_step()
+                done += 1
+                if self.step % self.sc.eval_every == 0 or self.step == self.sc.steps:
+                    self.evals.append(self.evaluate())
+                    metrics["eval"] = self.evals[-1]
+                history.append(metrics)
+                self._log(metrics)
+                if self.step % self.sc.save_every == 0 or self.step == self.sc.steps:
+                    self._save()
+                shown = {"reward": metrics.get("reward/mean"), "valid": metrics["rollout/format_valid"]}
+                if self.evals:
+                    shown["eval acc"] = self.evals[-1]["accuracy"]
+                bar.advance(1, **shown)
         return RLRunResult(metrics=self.summary(), history=history, evals=list(self.evals))
 
     def summary(self) -> dict[str, Any]:
@@ -581,6 +602,11 @@ class RLTrainer:
         self.records.append(record)
         with (self.work_dir / METRICS_LOG).open("a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
+        if self.rejections:
+            with (self.work_dir / REJECTIONS_LOG).open("a", encoding="utf-8") as f:
+                for rec in self.rejections:
+                    f.write(json.dumps({"step": self.step, "segment": self.segment, **rec}) + "\n")
+            self.rejections = []
         if self.tracker is not None:
             flat = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
             flat.update(

@@ -73,13 +73,21 @@ class PolicyBatch:
         return self.attention_mask.dim() == 4
 
 
-def structural_rejection(rollout: Rollout, tags: TagIds) -> str | None:
-    """Why the canonical mask builder rejects this rollout's response, or None if it accepts it."""
+def structural_violation(rollout: Rollout, tags: TagIds) -> StructureError | None:
+    """The canonical mask builder's error for this rollout's response, or None if it accepts it. Its
+    ``code`` is one of a fixed set (``components.structure.score.PENALTIES`` or ``malformed``): what metric
+    names may carry; its message (reason and token offset) is free text for the stage's records."""
     try:
         parallel_segments(rollout.prompt_ids + rollout.response_ids, tags, start=len(rollout.prompt_ids))
     except StructureError as err:
-        return str(getattr(err, "reason", None) or err)
+        return err
     return None
+
+
+def structural_rejection(rollout: Rollout, tags: TagIds) -> str | None:
+    """Why the canonical mask builder rejects this rollout's response, or None if it accepts it."""
+    err = structural_violation(rollout, tags)
+    return None if err is None else str(getattr(err, "reason", None) or err)
 
 
 def response_mask_of(rollouts: list[Rollout]) -> torch.Tensor:

@@ -30,12 +30,12 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from transformers import (
     get_constant_schedule_with_warmup,
     get_cosine_with_min_lr_schedule_with_warmup,
@@ -43,6 +43,7 @@ from transformers import (
 )
 
 from components.artifacts import write_json
+from components.progress import track
 from components.training.batching import length_sorted_splits
 from components.training.checkpoint import TrainingState, latest_checkpoint, load_checkpoint, save_checkpoint
 from components.training.distributed import DistContext, shard_model
@@ -269,16 +270,11 @@ def train_sft(
                 write_json(metrics_path, {"settings": asdict(settings), "history": history})
     result = SFTResult(start_step=step, final_step=step, history=history, train_tokens=train_tokens)
     start = time.perf_counter()
-    progress = Progress(
-        TextColumn(f"SFT {settings.mode}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("loss {task.fields[loss]}"),
-        TimeRemainingColumn(),
-        disable=not show_progress or not ctx.is_main,
-    )
-    with progress:
-        task = progress.add_task("sft", total=settings.total_steps, completed=step, loss="-")
+    # a live bar at a terminal, a dozen plain lines in a log (components.progress); rank 0 only
+    shown = show_progress and ctx.is_main
+    with track(f"SFT {settings.mode}", total=settings.total_steps) if shown else nullcontext() as task:
+        if task is not None:
+            task.advance(step)  # resumed steps
         while step < settings.total_steps:
             t0 = time.perf_counter()
             record = _train_step(model, optimizer, scheduler, source(step), settings, pad_id, tags, ctx)
@@ -306,7 +302,8 @@ def train_sft(
                     keep_last=settings.keep_checkpoints,
                     ctx=ctx,
                 )
-            progress.update(task, completed=step, loss=f"{record['loss']:.4f}")
+            if task is not None:
+                task.advance(1, loss=record["loss"])
             if on_step is not None and ctx.is_main:
                 on_step(step, record)
     result.final_step = step

@@ -69,6 +69,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
             },
             outputs={"records": root / "evaluate" / "records", "report": root / "evaluate" / "report"},
             metrics=root / "evaluate" / "metrics.json",
+            summary=root / "metrics" / "evaluate",
+            plots=root / "plots" / "evaluate",
         )
         from components.stages import run_stage
 
@@ -129,11 +131,25 @@ def test_report_plots_and_plot_data_render(world: dict[str, Any]) -> None:
     for png in ("accuracy.png", "speedup.png"):
         assert (report_dir / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"]({png})" in text
-    plots = world["io"].metrics.parent / "plots"
+    plots = world["io"].plots
     acc_rows = json.loads((plots / "accuracy.json").read_text())
     assert [r["checkpoint"] for r in acc_rows] == ["seed", "papo_rl"]
     speed_rows = json.loads((plots / "speedup.json").read_text())
     assert [r["checkpoint"] for r in speed_rows] == ["papo_rl"] and speed_rows[0]["achieved_speedup"] > 0
+
+
+def test_flat_metrics_have_one_row_per_checkpoint(world: dict[str, Any]) -> None:
+    """What `dvc metrics show` reads: metrics/evaluate/<checkpoint>.json, flat, the same keys per row."""
+    rows = {p.stem: read_json(p) for p in sorted(world["io"].summary.glob("*.json"))}
+    assert set(rows) == {"seed", "papo_rl"}
+    for name, row in rows.items():
+        ckpt = world["metrics"]["checkpoints"][name]
+        assert row["accuracy"] == pytest.approx(ckpt["average_accuracy"], abs=1e-6)
+        assert row["benchmark"] == {"tiny_test": pytest.approx(ckpt["benchmarks"]["tiny_test"]["accuracy"])}
+        assert "provenance" not in row and "settings" not in row
+    tp = world["metrics"]["checkpoints"]["papo_rl"]["throughput"]
+    assert rows["papo_rl"]["speedup"] == pytest.approx(tp["achieved_speedup"], abs=1e-6)
+    assert "speedup" not in rows["seed"]  # only parallel checkpoints are re-decoded sequentially
 
 
 def test_adhoc_eval_uses_the_same_code(

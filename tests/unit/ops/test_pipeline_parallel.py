@@ -53,7 +53,9 @@ def run_stubbed(monkeypatch, tmp_path: Path, parallel: int) -> dict[str, dict[st
     runs: dict[str, dict[str, Any]] = {}
     lock = threading.Lock()
 
-    def fake_stage(stage, profile, gpu, run_id, threads):
+    def fake_stage(stage, profile, gpu, run_id, threads, report=None):
+        if report is not None:
+            report["outcome"] = "up to date" if stage == "sample_orz" else "ran"
         start = time.perf_counter()
         time.sleep(0.6 if stage in BRANCHES else 0.05)
         with lock:
