@@ -46,6 +46,7 @@ from components.parallel import TagIds, parse_text, trace_metrics
 from components.prompts import render_prompt
 from components.training.checkpoint import TrainingState, latest_checkpoint, load_checkpoint, save_checkpoint
 from components.training.dapo import DynamicSampler, DynamicSamplingStats, overlong_penalty
+from components.training.precision import build_adamw, stepped_parameters
 from components.training.rl_batch import (
     Rollout,
     build_policy_batch,
@@ -114,11 +115,9 @@ class RLTrainer:
         self.tags = TagIds.from_tokenizer(tokenizer, cfg.schema_name) if needs_tags else None
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.actor_cfg = actor_config(self.sc)
-        self.optimizer = torch.optim.AdamW(
-            model.parameters(),
-            lr=self.sc.lr,
-            betas=tuple(self.sc.adam_betas),
-            weight_decay=self.sc.weight_decay,
+        # fp32 master weights and AdamW state when the model is bf16 (components.training.precision)
+        self.optimizer = build_adamw(
+            model, lr=self.sc.lr, betas=tuple(self.sc.adam_betas), weight_decay=self.sc.weight_decay
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(self.sc))
         self.order = list(range(len(self.train_problems)))
@@ -241,6 +240,9 @@ class RLTrainer:
         rollouts = [r for g in groups for r in g]
         self.model.train()
         start = time.perf_counter()
+        # Every tensor of the step lives on the model's device; statistics stay there as tensors until the
+        # step is done (one host sync per step, not one per micro-batch).
+        device = next(self.model.parameters()).device
         rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float32)
         uids = [r.group_id for r in rollouts]
         parallel_tags = self.tags if self.sc.engine_mode == "parallel" else None
@@ -248,7 +250,7 @@ class RLTrainer:
         response_mask = response_mask_of(rollouts)
         advantages = compute_advantages(
             self.sc.algorithm, rewards, response_mask, uids, self.sc.norm_adv_by_std
-        )
+        ).to(device)
 
         chunks = [
             c
@@ -268,9 +270,13 @@ class RLTrainer:
                 for k, micros in enumerate(micro_of):
                     for m, idx in enumerate(micros):
                         batch = build_policy_batch([rollouts[i] for i in idx], self.pad_id, parallel_tags)
-                        old_log_probs[k, m], _ = response_log_probs(self.model, batch, self.sc.temperature)
+                        old_log_probs[k, m], _ = response_log_probs(
+                            self.model, batch.to(device), self.sc.temperature
+                        )
 
-        stats: dict[str, list[float]] = {"loss": [], "grad_norm": [], "entropy": [], "clipfrac": [], "kl": []}
+        stats: dict[str, list[torch.Tensor]] = {
+            k: [] for k in ("loss", "grad_norm", "entropy", "clipfrac", "kl")
+        }
         for k, micros in enumerate(micro_of):
             idx_all = [i for idx in micros for i in idx]
             n_tokens = sum(len(rollouts[i].response_ids) for i in idx_all)
@@ -281,9 +287,9 @@ class RLTrainer:
                 dp_size=1, batch_num_tokens=n_tokens, global_batch_size=len(idx_all)
             )
             self.optimizer.zero_grad(set_to_none=True)
-            loss_sum, entropy_sum, clip_sum, kl_sum = 0.0, 0.0, 0.0, 0.0
+            sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, entropy, clipfrac, kl
             for m, idx in enumerate(micros):
-                batch = build_policy_batch([rollouts[i] for i in idx], self.pad_id, parallel_tags)
+                batch = build_policy_batch([rollouts[i] for i in idx], self.pad_id, parallel_tags).to(device)
                 log_prob, entropy = response_log_probs(
                     self.model, batch, self.sc.temperature, with_entropy=True
                 )
@@ -293,31 +299,36 @@ class RLTrainer:
                     self.sc.algorithm, old, log_prob, adv, batch.response_mask, self.actor_cfg
                 )
                 loss.backward()
-                share = float(batch.response_mask.sum()) / n_tokens
-                loss_sum += loss.item()
+                share = batch.response_mask.sum().double() / n_tokens
                 assert entropy is not None
-                entropy_sum += float((entropy * batch.response_mask).sum()) / n_tokens
-                clip_sum += share * float(loss_metrics.get("actor/pg_clipfrac", 0.0))
-                kl_sum += share * float(loss_metrics.get("actor/ppo_kl", 0.0))
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.sc.grad_clip)
+                sums += torch.stack(
+                    [
+                        loss.detach().double(),
+                        (entropy * batch.response_mask).sum().double() / n_tokens,
+                        share * float(loss_metrics.get("actor/pg_clipfrac", 0.0)),
+                        share * float(loss_metrics.get("actor/ppo_kl", 0.0)),
+                    ]
+                )
+            grad_norm = torch.nn.utils.clip_grad_norm_(
+                stepped_parameters(self.model, self.optimizer), self.sc.grad_clip
+            )
             if torch.isfinite(grad_norm):
                 self.optimizer.step()
             else:
                 counters["skipped_nonfinite_grad"] += 1
-            stats["loss"].append(loss_sum)
-            stats["grad_norm"].append(float(grad_norm))
-            stats["entropy"].append(entropy_sum)
-            stats["clipfrac"].append(clip_sum)
-            stats["kl"].append(kl_sum)
+            for key, value in zip(("loss", "entropy", "clipfrac", "kl"), sums, strict=True):
+                stats[key].append(value)
+            stats["grad_norm"].append(grad_norm.detach().double())
         self.scheduler.step()
+        means = {key: float(torch.stack(values).mean()) for key, values in stats.items()}
         counters["update_time_s"] += time.perf_counter() - start
         counters["trained_tokens"] += int(response_mask.sum())
         return {
-            "actor/pg_loss": float(np.mean(stats["loss"])),
-            "actor/grad_norm": float(np.mean(stats["grad_norm"])),
-            "actor/entropy": float(np.mean(stats["entropy"])),
-            "actor/pg_clipfrac": float(np.mean(stats["clipfrac"])),
-            "actor/ppo_kl": float(np.mean(stats["kl"])),
+            "actor/pg_loss": means["loss"],
+            "actor/grad_norm": means["grad_norm"],
+            "actor/entropy": means["entropy"],
+            "actor/pg_clipfrac": means["clipfrac"],
+            "actor/ppo_kl": means["kl"],
             "actor/lr": float(self.scheduler.get_last_lr()[0]),
             "actor/optimizer_steps": float(len(micro_of)),
         }
