@@ -45,6 +45,32 @@ def config_show(
     typer.echo(dump_yaml(_load(profile, set_)))
 
 
+@config_app.command("check")
+def config_check(
+    profile: Annotated[str | None, typer.Option(help="Check this profile instead of params.yaml")] = None,
+    set_: SetOpt = None,
+) -> None:
+    """Every static check of a profile: validation splits, memory plan per stage and GPU, context
+    lengths, GPU counts per stage, Ray placement. Exits 1 when any check fails."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from components.config_check import check_profile
+
+    cfg = _load(profile, set_)
+    rows = check_profile(cfg)
+    table = Table(title=f"npr config check: profile {cfg.profile}", show_lines=False)
+    for column in ("check", "stage", "result", "detail"):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(row.check, row.stage, "[green]ok[/]" if row.ok else "[red]FAIL[/]", row.detail)
+    Console(width=160).print(table)
+    failed = [r for r in rows if not r.ok]
+    if failed:
+        _fail(f"{len(failed)} of {len(rows)} checks failed for profile {cfg.profile}", 1)
+    typer.echo(f"all {len(rows)} checks passed for profile {cfg.profile}")
+
+
 @config_app.command("use")
 def config_use(profile: str, set_: SetOpt = None) -> None:
     """Write configs/PROFILE.yaml (plus overrides) to params.yaml."""

@@ -69,8 +69,19 @@ class LiveTensorBytes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
+        # an output that shares an input's storage (a view, an in-place or out= op) is no new memory;
+        # counting it would count pre-existing weights seen through a transpose
+        inputs = {
+            t.untyped_storage().data_ptr()
+            for t in tree_flatten((args, kwargs))[0]
+            if isinstance(t, torch.Tensor) and t.device.type == self.device_type
+        }
         for value in tree_flatten(out)[0]:
-            if isinstance(value, torch.Tensor) and value.device.type == self.device_type:
+            if (
+                isinstance(value, torch.Tensor)
+                and value.device.type == self.device_type
+                and value.untyped_storage().data_ptr() not in inputs
+            ):
                 self._track(value, func)
         return out
 

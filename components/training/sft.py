@@ -74,6 +74,8 @@ class SFTSettings:
     # Passes per micro-batch over length-sorted slices of the step: the same gradient, less padding
     # (components.training.batching); 1 = each micro-batch in one pass, in the step's order.
     length_splits: int = 1
+    # Recompute decoder-layer activations in the backward instead of keeping them (same gradient).
+    gradient_checkpointing: bool = False
 
     @property
     def examples_per_step(self) -> int:
@@ -105,6 +107,7 @@ class SFTSettings:
             save_every=cfg.save_every,
             seed=cfg.seed,
             length_splits=cfg.length_splits,
+            gradient_checkpointing=cfg.gradient_checkpointing,
         )
 
 
@@ -239,6 +242,8 @@ def train_sft(
     if ctx.is_main:
         work_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(settings.seed)
+    if settings.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     shard_model(model, ctx)  # before the optimizer: FSDP replaces the parameters with sharded ones
     model.train()
     optimizer = build_optimizer(model, settings)
