@@ -89,9 +89,17 @@ def stage(name: str, set_: SetOpt = None) -> None:
     from components.dag import DagError
     from components.stages import run_stage
 
+    import os
+
+    if os.environ.get("NPR_RESTORE_ONLY"):
+        # set while the flow restores a stage that ran on another machine (flows/stage.py): DVC found no
+        # run-cache entry, and running a GPU stage here instead would be wrong
+        _fail(
+            f"stage {name} is being restored from the DVC run-cache (NPR_RESTORE_ONLY), but DVC found no "
+            "cached run for it and tried to run it here: push its run-cache from the machine that ran it"
+        )
     cfg = _load(None, set_)
     # A stage configured for several processes (FSDP SFT) reruns this very command under torchrun.
-    import os
 
     from components.training.distributed import is_main_process, torchrun_argv
 
