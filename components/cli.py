@@ -86,10 +86,10 @@ def config_use(profile: str, set_: SetOpt = None) -> None:
 @app.command("stage")
 def stage(name: str, set_: SetOpt = None) -> None:
     """Run one stage with params.yaml (this is the cmd of every dvc.yaml stage)."""
+    import os
+
     from components.dag import DagError
     from components.stages import run_stage
-
-    import os
 
     if os.environ.get("NPR_RESTORE_ONLY"):
         # set while the flow restores a stage that ran on another machine (flows/stage.py): DVC found no

@@ -130,19 +130,14 @@ def launching_commit(root: Path | None = None) -> dict[str, str]:
     code would silently not run there (params.yaml and dvc.lock travel as flow parameters instead)."""
 
     def git(*args: str) -> str:
-        return subprocess.run(
-            ["git", *args], cwd=root, capture_output=True, text=True, check=True
-        ).stdout.strip()
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout
 
     try:
-        commit = git("rev-parse", "HEAD")
+        commit = git("rev-parse", "HEAD").strip()
     except (OSError, subprocess.CalledProcessError):
         return {}  # not a git checkout: the worker runs the code its image holds
-    changed = [
-        line[3:]
-        for line in git("status", "--porcelain", "--untracked-files=no").splitlines()
-        if line[3:] not in ("params.yaml", "dvc.lock")
-    ]
+    entries = git("status", "--porcelain=v1", "-z", "--untracked-files=no").split("\0")
+    changed = [e[3:] for e in entries if e and e[3:] not in ("params.yaml", "dvc.lock")]
     if changed:
         raise RuntimeError(
             f"uncommitted changes to {changed[:5]}{' ...' if len(changed) > 5 else ''}: the gpu pool runs "
@@ -150,7 +145,7 @@ def launching_commit(root: Path | None = None) -> dict[str, str]:
         )
     out = {"NPR_GIT_COMMIT": commit}
     with contextlib.suppress(subprocess.CalledProcessError):
-        out["NPR_GIT_REMOTE"] = git("remote", "get-url", "origin")
+        out["NPR_GIT_REMOTE"] = git("remote", "get-url", "origin").strip()
     return out
 
 

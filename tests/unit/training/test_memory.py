@@ -11,7 +11,7 @@ from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM
 
 from components.config import load_config
 from components.training import memory
-from components.training.memory import ForwardShape, ModelShape, MemoryPlanError
+from components.training.memory import ForwardShape, MemoryPlanError, ModelShape
 from components.training.memory_probe import measure
 from components.training.precision import build_adamw
 from components.training.token_logprobs import token_log_probs
