@@ -14,8 +14,7 @@ applies); ``check_profile`` runs them all. What is checked:
 - **Ray**: a verl stage that attaches to a cluster, or spans nodes, names a filesystem every node mounts
   (``verl.shared_dir``); its GPUs split into whole rollout tensor-parallel groups.
 
-verl's own config validation of each RL stage (``validate_job`` beside ``verl_launch``) joins this list
-when it lands (its owner's branch).
+- **verl validation**: each verl RL stage's job as verl itself checks it (``verl_launch.validate_job``).
 """
 
 from __future__ import annotations
@@ -225,7 +224,28 @@ def check_ray(cfg: Any) -> list[Check]:
     return rows
 
 
-CHECKS = (check_validation_split, check_memory, check_context_length, check_gpu_counts, check_ray)
+def check_verl(cfg: Any) -> list[Check]:
+    """verl's own validation of each verl RL stage's job (``verl_launch.validate_job``: verl's
+    ``validate_config`` as ``main_ppo`` calls it, and every plugin the job names resolved)."""
+    from components.config import ConfigError
+    from components.training.verl_launch import validate_job
+
+    rows = []
+    for stage in RL_STAGES:
+        if getattr(cfg, stage).backend != "verl":
+            continue
+        try:
+            summary = validate_job(stage, cfg).summary()
+        except ConfigError as err:
+            rows.append(Check("verl validation", stage, False, str(err)))
+            continue
+        shown = {k: v for k, v in summary.items() if k not in ("stage", "env_vars", "overrides")}
+        detail = ", ".join(f"{k} {v}" for k, v in list(shown.items())[:4])
+        rows.append(Check("verl validation", stage, True, f"verl accepts the job ({detail})"))
+    return rows
+
+
+CHECKS = (check_validation_split, check_memory, check_context_length, check_gpu_counts, check_ray, check_verl)
 
 
 def check_profile(cfg: Any) -> list[Check]:

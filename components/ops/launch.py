@@ -2,7 +2,8 @@
 
 (infra/ray/job.yaml is rendered by ``components.training.ray_cluster.submit_stage_job``.)
 
-- ``sglang_server_command(spec)``: infra/sglang/server.yaml -> ``python -m sglang.launch_server ...``.
+- ``sglang_server_command(spec)``: infra/sglang/server.yaml -> ``python -m sglang.launch_server ...``
+  (``components.ops.sglang_server`` starts it for a stage's checkpoint, waits for health, stops it).
 
 Nothing here imports sglang or ray: these run on the GPU image (infra/gpu/), not in the CPU environment.
 """
@@ -31,8 +32,16 @@ SGLANG_FLAGS = {
     "context_length": "--context-length",
     "random_seed": "--random-seed",
 }
-SGLANG_SWITCHES = {"trust_remote_code": "--trust-remote-code"}
-SGLANG_IGNORED = {"image"}  # where to run it, not how
+SGLANG_SWITCHES = {
+    "trust_remote_code": "--trust-remote-code",
+    # per-request sampling_seed is honoured only in SGLang's deterministic mode (sampling_batch_info.py)
+    "enable_deterministic_inference": "--enable-deterministic-inference",
+}
+# where and with what it runs, not how: the image, SGLang's own interpreter (it cannot share verl's
+# environment), the module to run, and environment variables for the server process
+SGLANG_META = {"image", "python", "module", "env"}
+SGLANG_IGNORED = SGLANG_META
+SGLANG_KEYS = frozenset(SGLANG_FLAGS) | frozenset(SGLANG_SWITCHES) | SGLANG_META
 
 
 class LaunchSpecError(ValueError):
@@ -46,15 +55,20 @@ def load_spec(path: Path | str) -> dict[str, Any]:
     return data
 
 
-def sglang_server_command(spec: dict[str, Any], python: str = "python") -> list[str]:
-    """argv of the SGLang server described by ``spec`` (keys of infra/sglang/server.yaml)."""
-    unknown = set(spec) - set(SGLANG_FLAGS) - set(SGLANG_SWITCHES) - SGLANG_IGNORED
+def sglang_server_command(spec: dict[str, Any], python: str | None = None) -> list[str]:
+    """argv of the SGLang server described by ``spec`` (keys of infra/sglang/server.yaml).
+
+    The interpreter is ``python`` if given, else the spec's ``python`` (default ``python``); the module is
+    the spec's ``module`` (default ``sglang.launch_server``; tests point it at their stand-in server).
+    """
+    unknown = set(spec) - SGLANG_KEYS
     if unknown:
-        raise LaunchSpecError(f"unknown SGLang spec keys {sorted(unknown)}; known: {sorted(SGLANG_FLAGS)}")
+        raise LaunchSpecError(f"unknown SGLang spec keys {sorted(unknown)}; known: {sorted(SGLANG_KEYS)}")
     for key in ("model_path", "port", "tp_size"):
         if key not in spec:
             raise LaunchSpecError(f"SGLang spec lacks {key!r}")
-    argv = [python, "-m", "sglang.launch_server"]
+    interpreter = python or str(spec.get("python") or "python")
+    argv = [interpreter, "-m", str(spec.get("module") or "sglang.launch_server")]
     for key, flag in SGLANG_FLAGS.items():
         if spec.get(key) is not None:
             argv += [flag, str(spec[key])]

@@ -18,6 +18,11 @@ positioned after (``</guideline>``, ``</Goal>``; ``<Parallel>`` when there is no
 the first token after the steps that sees them all (``<takeaway>``, ``<Conclusion>``; ``</Parallel>``).
 Nesting (a block inside a step) is allowed only where ``max_depth > 1`` (Multiverse; its engine refuses to
 fork deeper than 5). Multiverse's ``<Think>`` wrapper is not part of the schema: our prompts never ask for it.
+
+How a native parallel engine decodes a schema is data too (``ForkRule``, read by
+``components.engine.controller``): which tag the main stream emits to ask for a fork, how many branches
+there are and what each is forced to start with, the tag that closes a branch, and what is forced into the
+main stream once every branch has closed. A schema without a rule decodes sequentially only.
 """
 
 from __future__ import annotations
@@ -50,6 +55,33 @@ class TagPair:
 
 
 @dataclass(frozen=True)
+class ForkRule:
+    """Where the engine forks a block into concurrent branches and merges them, by tag role.
+
+    trigger: the main stream emitting this tag asks for a fork (NPR: ``</guideline>``; Parallel-R1:
+        ``<Parallel>``). The fork is admitted or refused (with a reason) by the controller.
+    branches: ``None`` = one branch per plan of the block's goal, labelled with the plan's label (NPR,
+        Multiverse); an int = that many unlabelled branches (Parallel-R1's paths).
+    branch_open: forced at the start of every branch, followed by ``"<label>:"`` for labelled branches.
+    branch_close: a branch ends when it emits this tag.
+    merge: forced into the main stream once every branch has closed (NPR: ``<takeaway>``); empty = the main
+        stream samples the merge tag itself (Parallel-R1 decodes ``</Parallel><Summary>``). Either way the
+        first token after the branches is predicted from the last branch's last token, at
+        anchor + longest + 1 (``components.structure.attention``).
+    """
+
+    trigger: Role
+    branch_open: Role
+    branch_close: Role
+    merge: tuple[Role, ...] = ()
+    branches: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.branches is not None and self.branches < 1:
+            raise ValueError("ForkRule.branches must be None (one per plan) or >= 1")
+
+
+@dataclass(frozen=True)
 class Schema:
     """One parallel-reasoning format, as data.
 
@@ -72,6 +104,7 @@ class Schema:
     min_plan_chars: int = 3
     min_step_chars: int = 6
     min_summary_chars: int = 6
+    fork: ForkRule | None = None
     role_of: dict[str, Role] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -83,6 +116,8 @@ class Schema:
             raise ValueError(f"schema {self.name}: summary_after_block needs a block tag")
         if self.max_depth < 1:
             raise ValueError(f"schema {self.name}: max_depth must be >= 1")
+        if self.fork is not None and self.fork.branches is None and self.plan is None:
+            raise ValueError(f"schema {self.name}: a fork with one branch per plan needs plan tags")
         roles: dict[str, Role] = {}
         pairs = [
             (self.block, Role.BLOCK_OPEN, Role.BLOCK_CLOSE),
@@ -138,6 +173,14 @@ NPR = Schema(
     plan=TagPair("<plan>", "</plan>"),
     step=TagPair("<step>", "</step>"),
     summary=TagPair("<takeaway>", "</takeaway>"),
+    # NPR's engine (npr-reference.md §1.9): fork at </guideline> into one branch per plan, each forced to
+    # start with <step> + its label and closed by </step>; the merge forces <takeaway>.
+    fork=ForkRule(
+        trigger=Role.GOAL_CLOSE,
+        branch_open=Role.STEP_OPEN,
+        branch_close=Role.STEP_CLOSE,
+        merge=(Role.SUMMARY_OPEN,),
+    ),
 )
 
 MULTIVERSE = Schema(
