@@ -28,7 +28,9 @@ def test_the_checks_cover_what_a_gpu_run_needs():
         "context length",
         "GPU count",
         "Ray",
+        "verl validation",
     }
+    assert {r.stage for r in rows if r.check == "verl validation"} == {"npr_zero", "papo_rl", "sr_rl"}
     gpus = {r.stage: r.detail for r in rows if r.check == "GPU count"}
     assert gpus["seed"].startswith("0 GPU(s)")  # it only materialises the hub model
     assert gpus["evaluate"].startswith("1 GPU(s)")  # the torch engine decodes on one GPU
@@ -47,7 +49,7 @@ def test_the_checks_cover_what_a_gpu_run_needs():
             "orchestration.gpu_stages",
         ),
         (["orchestration.gpu_stages=[npr_zero]"], "orchestration.gpu_stages"),
-        (["distill.generation.max_new_tokens=31000"], "context_length"),
+        (["distill.generation.max_new_tokens=39500"], "context_length"),
         (["npr_zero.verl.max_prompt_length=300000"], "npr_zero.verl.max_prompt_length"),
         (["papo_rl.verl.ray_address=http://ray-head:8265"], "papo_rl.verl.shared_dir"),
         (["sr_rl.verl.rollout_tp=3"], "sr_rl.verl.rollout_tp"),
