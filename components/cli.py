@@ -87,6 +87,32 @@ def config_show(
     typer.echo(dump_yaml(_load(profile, set_)))
 
 
+@config_app.command("check")
+def config_check(
+    profile: Annotated[str | None, typer.Option(help="Check this profile instead of params.yaml")] = None,
+    set_: SetOpt = None,
+) -> None:
+    """Every static check of a profile: validation splits, memory plan per stage and GPU, context
+    lengths, GPU counts per stage, Ray placement. Exits 1 when any check fails."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from components.config_check import check_profile
+
+    cfg = _load(profile, set_)
+    rows = check_profile(cfg)
+    table = Table(title=f"npr config check: profile {cfg.profile}", show_lines=False)
+    for column in ("check", "stage", "result", "detail"):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(row.check, row.stage, "[green]ok[/]" if row.ok else "[red]FAIL[/]", row.detail)
+    Console(width=160).print(table)
+    failed = [r for r in rows if not r.ok]
+    if failed:
+        _fail(f"{len(failed)} of {len(rows)} checks failed for profile {cfg.profile}", 1)
+    typer.echo(f"all {len(rows)} checks passed for profile {cfg.profile}")
+
+
 @config_app.command("use")
 def config_use(profile: str, set_: SetOpt = None) -> None:
     """Write configs/PROFILE.yaml (plus overrides) to params.yaml."""
@@ -99,14 +125,21 @@ def config_use(profile: str, set_: SetOpt = None) -> None:
 @app.command("stage")
 def stage(name: str, set_: SetOpt = None, as_json: JsonOpt = False) -> None:
     """Run one stage with params.yaml (this is the cmd of every dvc.yaml stage); ends with its summary."""
-    from components.stages import run_stage
-
-    cfg = _load(None, set_)
-    # A stage configured for several processes (FSDP SFT) reruns this very command under torchrun.
     import os
 
+    from components.stages import run_stage
+
+    if os.environ.get("NPR_RESTORE_ONLY"):
+        # set while the flow restores a stage that ran on another machine (flows/stage.py): DVC found no
+        # run-cache entry, and running a GPU stage here instead would be wrong
+        _fail(
+            f"stage {name} is being restored from the DVC run-cache (NPR_RESTORE_ONLY), but DVC found no "
+            "cached run for it and tried to run it here: push its run-cache from the machine that ran it"
+        )
+    cfg = _load(None, set_)
     from components.training.distributed import is_main_process, torchrun_argv
 
+    # A stage configured for several processes (FSDP SFT) reruns this very command under torchrun.
     this = sys.argv[0] if os.access(sys.argv[0], os.X_OK) else "npr"  # the npr script, as invoked
     relaunch = torchrun_argv(getattr(getattr(cfg, name, None), "nproc_per_node", 1), [this, *sys.argv[1:]])
     if relaunch is not None:

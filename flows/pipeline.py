@@ -16,6 +16,7 @@ checks and records a stage, not while the stage's command runs, and the flow pas
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import re
 import subprocess
@@ -183,18 +184,70 @@ def _run_stage(
     if gpu:
         from prefect.deployments import run_deployment
 
-        from flows.stage import stage_metrics
+        from flows.stage import restore_from_run_cache, stage_metrics
 
         run = run_deployment(
             name=NPR_STAGE_DEPLOYMENT,
-            parameters={"stage": stage, "profile": profile},
-            job_variables={"env": {"NPR_PIPELINE_RUN_ID": pipeline_run_id}},
+            parameters=gpu_stage_parameters(stage, profile),
+            job_variables=gpu_job_variables(stage, cfg, pipeline_run_id),
             timeout=cfg.orchestration.timeout_for(stage),
         )
         if not run.state or not run.state.is_completed():
             raise RuntimeError(f"stage {stage} on the gpu pool ended in {run.state}")
+        # the worker pushed the outputs and the run-cache: bring them (and the dvc.lock entry) here
+        restore_from_run_cache(stage, timeout_s=cfg.orchestration.timeout_for(stage))
         return stage_metrics(stage)
     return execute_stage(stage, cfg, pipeline_run_id, torch_threads, report)
+
+
+def gpu_stage_parameters(stage: str, profile: str) -> dict[str, Any]:
+    """The npr-stage flow's parameters: the stage, the profile, this machine's params.yaml and its dvc.lock
+    entries of the other stages (so the worker runs with the same params and can pull the inputs this
+    machine produced; the run-cache entry it pushes then matches what this machine restores)."""
+    from flows.stage import PARAMS_FILE, lock_entries
+
+    return {
+        "stage": stage,
+        "profile": profile,
+        "upstream_lock": lock_entries(exclude=stage),
+        "params_yaml": PARAMS_FILE.read_text(),  # hand edits (dvc exp run -S) included
+    }
+
+
+def gpu_job_variables(stage: str, cfg: Any, pipeline_run_id: str) -> dict[str, Any]:
+    """The gpu pool job of a stage: as many GPUs as its own settings use (``memory.gpus_for``: 0 for a
+    verl stage on a running Ray cluster, 1 for the torch-engine evaluate), and the commit this pipeline
+    runs, which the worker checks out before running the stage (infra/gpu/checkout.sh)."""
+    from components.training.memory import gpus_for
+
+    env = {"NPR_PIPELINE_RUN_ID": pipeline_run_id, **launching_commit()}
+    return {"env": env, "gpu_count": gpus_for(stage, cfg)}
+
+
+def launching_commit(root: Path | None = None) -> dict[str, str]:
+    """``NPR_GIT_COMMIT`` (HEAD of this checkout) and ``NPR_GIT_REMOTE`` (its origin), for the worker.
+
+    Refuses a checkout whose tracked code differs from HEAD: a GPU worker runs a commit, so uncommitted
+    code would silently not run there (params.yaml and dvc.lock travel as flow parameters instead)."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout
+
+    try:
+        commit = git("rev-parse", "HEAD").strip()
+    except (OSError, subprocess.CalledProcessError):
+        return {}  # not a git checkout: the worker runs the code its image holds
+    entries = git("status", "--porcelain=v1", "-z", "--untracked-files=no").split("\0")
+    changed = [e[3:] for e in entries if e and e[3:] not in ("params.yaml", "dvc.lock")]
+    if changed:
+        raise RuntimeError(
+            f"uncommitted changes to {changed[:5]}{' ...' if len(changed) > 5 else ''}: the gpu pool runs "
+            f"commit {commit[:12]}, not this working tree; commit (and push) them first"
+        )
+    out = {"NPR_GIT_COMMIT": commit}
+    with contextlib.suppress(subprocess.CalledProcessError):
+        out["NPR_GIT_REMOTE"] = git("remote", "get-url", "origin").strip()
+    return out
 
 
 def _publish(

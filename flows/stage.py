@@ -23,13 +23,24 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
-from components.config import PipelineConfig, load_config, materialise_profile
+from components.config import PARAMS_FILE, PipelineConfig, load_config, materialise_profile
 from components.dag import load_stages, stage_io
 from components.env import THREADS_ENV
 
 
 class StageFailed(RuntimeError):
     """`dvc repro` of a stage exited non-zero; the message holds the tail of its output."""
+
+
+def adopt_params(text: str) -> PipelineConfig:
+    """Validate ``text`` as params.yaml and write it here (the pipeline machine's, verbatim)."""
+    import yaml
+
+    from components.config import validate_config
+
+    cfg = validate_config(yaml.safe_load(text), "params.yaml of the pipeline run")
+    PARAMS_FILE.write_text(text)
+    return cfg
 
 
 def ensure_profile(profile: str, overrides: list[str] | None) -> PipelineConfig:
@@ -115,28 +126,38 @@ def execute_stage(
     pipeline_run_id: str | None = None,
     torch_threads: int | None = None,
     report: dict[str, Any] | None = None,
+    upstream_lock: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Pull missing inputs, `dvc repro --single-item`, push outputs; returns the stage's metrics.
 
     ``torch_threads`` (a stage running beside another) becomes the stage process's ``NPR_TORCH_THREADS``.
     ``report``, when given, receives ``outcome`` (``RAN``, ``UP_TO_DATE`` or ``RESTORED``) and the split of
     the task's wall time (``pull_s``, ``repro_s``, ``push_s``).
+    ``upstream_lock``: dvc.lock entries of stages that ran elsewhere (the pipeline's machine), adopted
+    first so their outputs can be pulled here. A verl stage placed on a running Ray cluster
+    (``verl.ray_address``) is submitted there instead and its outputs restored from the run-cache.
     """
     from components import storage
 
     started = time.perf_counter()
+    if upstream_lock:
+        adopt_lock_entries(upstream_lock)
+    env = stage_env(pipeline_run_id, torch_threads)
+    timeout_s = cfg.orchestration.timeout_for(stage)
+    if on_ray_cluster(stage, cfg):
+        submit_to_ray_cluster(stage, cfg, pipeline_run_id or "local", env, timeout_s)
+        restore_from_run_cache(stage, env, timeout_s)
+        print(
+            f"stage {stage}: ran on the Ray cluster, restored here in {time.perf_counter() - started:.1f} s"
+        )
+        if report is not None:
+            report.update(outcome=RESTORED, pull_s=0.0, repro_s=round(time.perf_counter() - started, 1), push_s=0.0)
+        return stage_metrics(stage)
     if cfg.storage.pull_inputs:
         storage.pull_stage_inputs(stage, cfg)
     pulled = time.perf_counter()
-    env = dict(os.environ)
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    if pipeline_run_id:
-        env["NPR_PIPELINE_RUN_ID"] = pipeline_run_id
-    if torch_threads is not None:
-        env[THREADS_ENV] = str(torch_threads)
     # --wait-for-lock: another branch's `dvc repro` may hold the lock while it checks or records its stage
     cmd = [_dvc(), "--wait-for-lock", "repro", "--single-item", stage]
-    timeout_s = cfg.orchestration.timeout_for(stage)
     seen: list[str] = []  # DVC's lines about this stage (its outcome), whatever the tail keeps
     watch = f"'{stage}'"
     progress = StageProgress(stage)
@@ -171,6 +192,87 @@ def execute_stage(
             push_s=round(time.perf_counter() - reproduced, 1),
         )
     return stage_metrics(stage)
+
+
+def stage_env(pipeline_run_id: str | None = None, torch_threads: int | None = None) -> dict[str, str]:
+    """The environment of a stage's `dvc repro`: this interpreter's tools first, and this checkout's code
+    (PYTHONPATH), so a worker that checked out the launching commit runs that commit, not the code
+    installed in its image."""
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    here = str(Path.cwd().resolve())
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH", "")) if p)
+    if pipeline_run_id:
+        env["NPR_PIPELINE_RUN_ID"] = pipeline_run_id
+    if torch_threads is not None:
+        env[THREADS_ENV] = str(torch_threads)
+    return env
+
+
+# `npr stage` refuses to run when this is set: a restore must come from the run-cache, never from running
+# a GPU stage on the machine that only asked for it.
+RESTORE_ONLY_ENV = "NPR_RESTORE_ONLY"
+
+
+def restore_from_run_cache(stage: str, env: dict[str, str] | None = None, timeout_s: float = 3600) -> None:
+    """Bring a stage that ran on another machine into this workspace: `dvc repro --pull` finds its run in
+    the remote run-cache (pushed by the machine that ran it), checks its outputs out and records them in
+    dvc.lock, without running it (``NPR_RESTORE_ONLY`` makes `npr stage` refuse if DVC tried)."""
+    env = dict(env or stage_env())
+    env[RESTORE_ONLY_ENV] = "1"
+    cmd = [_dvc(), "--wait-for-lock", "repro", "--pull", "--single-item", stage]
+    returncode, tail, timed_out = stream_with_deadline(cmd, env, timeout_s)
+    if returncode != 0 or timed_out:
+        raise StageFailed(
+            f"stage {stage} ran elsewhere but its outputs could not be restored from the DVC run-cache "
+            f"(dvc repro --pull exit {returncode}); was its run-cache pushed to the remote?\n"
+            + "\n".join(tail)
+        )
+
+
+def lock_entries(exclude: str | None = None, root: Path | None = None) -> dict[str, Any]:
+    """dvc.lock's stage entries (all but ``exclude``): what a machine needs to pull those stages' outputs."""
+    lock = Path(root or ".") / "dvc.lock"
+    if not lock.exists():
+        return {}
+    import yaml
+
+    stages = (yaml.safe_load(lock.read_text()) or {}).get("stages", {}) or {}
+    return {name: entry for name, entry in stages.items() if name != exclude}
+
+
+def adopt_lock_entries(entries: dict[str, Any], root: Path | None = None) -> None:
+    """Write stage entries into dvc.lock (replacing those stages'), keeping the others."""
+    import yaml
+
+    lock = Path(root or ".") / "dvc.lock"
+    data = (yaml.safe_load(lock.read_text()) if lock.exists() else None) or {"schema": "2.0", "stages": {}}
+    data.setdefault("stages", {}).update(entries)
+    tmp = lock.with_suffix(".lock.tmp")
+    tmp.write_text(yaml.safe_dump(data, sort_keys=False, width=100))
+    tmp.replace(lock)
+
+
+def on_ray_cluster(stage: str, cfg: PipelineConfig) -> bool:
+    """A verl stage placed on a running Ray cluster (``verl.ray_address``)."""
+    section = getattr(cfg, stage, None)
+    return getattr(section, "backend", None) == "verl" and bool(section.verl.ray_address)
+
+
+def submit_to_ray_cluster(
+    stage: str, cfg: PipelineConfig, run_id: str, env: dict[str, str], timeout_s: float
+) -> None:
+    """Submit the stage to its Ray cluster as infra/ray/job.yaml describes and wait for it."""
+    from components.ops.launch import RAY_JOB_SPEC, load_spec
+    from components.training.ray_cluster import submit_stage_job
+
+    address = getattr(cfg, stage).verl.ray_address
+    work = Path(cfg.run.artifacts_dir) / stage / "work"
+    done = submit_stage_job(stage, load_spec(RAY_JOB_SPEC), run_id, address, work, env, timeout_s)
+    if done.returncode != 0:
+        raise StageFailed(
+            f"stage {stage}: the Ray job on {address} failed (ray job submit exit {done.returncode})"
+        )
 
 
 def stream_with_deadline(
@@ -216,10 +318,20 @@ def stream_with_deadline(
 
 
 @flow(name="npr-stage", log_prints=True)
-def npr_stage(stage: str, profile: str = "tiny", overrides: list[str] | None = None) -> dict[str, Any]:
-    """Run one stage of the pipeline (used for stages placed on the gpu work pool)."""
-    cfg = ensure_profile(profile, overrides)
+def npr_stage(
+    stage: str,
+    profile: str = "tiny",
+    overrides: list[str] | None = None,
+    upstream_lock: dict[str, Any] | None = None,
+    params_yaml: str | None = None,
+) -> dict[str, Any]:
+    """Run one stage of the pipeline (used for stages placed on the gpu work pool).
+
+    ``params_yaml``/``upstream_lock``: the pipeline machine's params.yaml and dvc.lock entries, so this
+    worker runs with the same params and can pull the inputs that machine produced; afterwards this worker
+    has pushed the stage's outputs and its run-cache, from which the pipeline machine restores them."""
+    cfg = adopt_params(params_yaml) if params_yaml else ensure_profile(profile, overrides)
     if stage not in load_stages():
         raise ValueError(f"unknown stage {stage!r}")
-    get_run_logger().info("running stage %s (profile %s)", stage, cfg.profile)
-    return execute_stage(stage, cfg, os.environ.get("NPR_PIPELINE_RUN_ID"))
+    get_run_logger().info("running stage %s (profile %s) in %s", stage, cfg.profile, Path.cwd())
+    return execute_stage(stage, cfg, os.environ.get("NPR_PIPELINE_RUN_ID"), upstream_lock=upstream_lock)

@@ -1,19 +1,18 @@
 """Command lines for the GPU side, rendered from the specs in infra/ (so the specs are the one definition).
 
+(infra/ray/job.yaml is rendered by ``components.training.ray_cluster.submit_stage_job``.)
+
 - ``sglang_server_command(spec)``: infra/sglang/server.yaml -> ``python -m sglang.launch_server ...``
   (``components.ops.sglang_server`` starts it for a stage's checkpoint, waits for health, stops it); a
   server that listens beyond loopback must name ``api_key_env``, whose value becomes ``--api-key``
   (the key comes from the environment, a secret, never from the spec).
-- ``ray_job_submit_command(stage, spec, run_id)``: infra/ray/job.yaml -> ``ray job submit ... -- <entrypoint>``.
 
 Nothing here imports sglang or ray: these run on the GPU image (infra/gpu/), not in the CPU environment.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import shlex
 from pathlib import Path
 from typing import Any
 
@@ -100,21 +99,3 @@ def sglang_server_command(
         )
     return argv  # loopback: only this machine can reach it; the key is used when it is set
 
-
-def ray_job_submit_command(
-    stage: str, spec: dict[str, Any], run_id: str, address: str | None = None
-) -> list[str]:
-    """argv of ``ray job submit`` running one stage on the cluster (keys of infra/ray/job.yaml)."""
-    for key in ("address", "working_dir", "entrypoint"):
-        if key not in spec:
-            raise LaunchSpecError(f"Ray job spec lacks {key!r}")
-    runtime_env = {"env_vars": {**spec.get("env_vars", {}), "NPR_PIPELINE_RUN_ID": run_id}}
-    entrypoint = spec["entrypoint"].format(stage=shlex.quote(stage))
-    return [
-        "ray", "job", "submit",
-        "--address", address or spec["address"],
-        "--submission-id", f"npr-{stage}-{run_id}",
-        "--working-dir", spec["working_dir"],
-        "--runtime-env-json", json.dumps(runtime_env, sort_keys=True),
-        "--", "bash", "-c", entrypoint,
-    ]  # fmt: skip

@@ -24,6 +24,7 @@ from components.env import torch_threads
 from components.fingerprint import work_fingerprint
 from components.prompts import prompt_fingerprint
 from components.training.distributed import is_main_process
+from components.training.memory import check_before_run
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,8 @@ def run_stage(name: str, cfg: PipelineConfig, io: StageIO | None = None) -> dict
 
     io = io or stage_io(name)
     module = stage_module(name)
+    # a stage whose memory plan cannot fit its GPU fails here, naming the setting, before any work
+    check_before_run(name, cfg, io)
     threads = apply_run_settings(cfg)
     # Resumable stages keep checkpoints in artifacts/<stage>/work; it is reset when the stage's code,
     # params or inputs changed, so a rerun never resumes from a checkpoint of a different run.

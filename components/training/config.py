@@ -36,6 +36,9 @@ class SFTStageConfig(StrictModel):
     # Processes (one per GPU) for FSDP; > 1 makes `npr stage` relaunch itself under torchrun
     # (components.training.distributed). batch_size * grad_accum must be divisible by it.
     nproc_per_node: int = Field(1, ge=1)
+    # Recompute each decoder layer's activations in the backward (keeps only layer inputs): what lets a
+    # 32k-token sequence of a 4B model train on one GPU (components.training.memory counts both ways).
+    gradient_checkpointing: bool = False
 
 
 class VerlSettings(StrictModel):
@@ -66,8 +69,15 @@ class VerlSettings(StrictModel):
     val_n: int = Field(8, ge=1)
     val_top_p: float = Field(0.7, gt=0, le=1)
     total_epochs: int = Field(1, ge=1)
-    # `auto`: the dashboard address the cluster publishes (bound to the head's cluster address, token auth)
-    ray_address: str = "auto"
+    # Where the job runs (components.training.ray_cluster). None: the stage starts a Ray head on its own
+    # node (one node; the stage's job holds that node's GPUs) and stops it afterwards. An address
+    # (http://<head>:8265): the stage is submitted as a Ray job to that running cluster, which reproduces
+    # it and pushes its outputs; the workers then read their inputs from `shared_dir`.
+    ray_address: str | None = None
+    # The address a head started by the stage binds its services to (one node: loopback).
+    ray_head_host: str = "127.0.0.1"
+    # A filesystem every Ray node mounts (inputs, checkpoints): required with ray_address or nnodes > 1.
+    shared_dir: str | None = None
 
 
 class RolloutCorrectionConfig(StrictModel):

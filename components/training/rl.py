@@ -37,7 +37,9 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import random
+import subprocess
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -56,6 +58,7 @@ from components.prompts import render_prompt
 from components.training.checkpoint import TrainingState, latest_checkpoint, load_checkpoint, save_checkpoint
 from components.training.dapo import DynamicSampler, DynamicSamplingStats, overlong_penalty
 from components.training.papo import post_merge_is_weights, post_merge_mask
+from components.training.precision import build_adamw, stepped_parameters
 from components.training.rl_batch import (
     Rollout,
     build_policy_batch,
@@ -130,11 +133,9 @@ class RLTrainer:
         self.tags = TagIds.from_tokenizer(tokenizer, cfg.schema_name) if needs_tags else None
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.actor_cfg = actor_config(self.sc)
-        self.optimizer = torch.optim.AdamW(
-            model.parameters(),
-            lr=self.sc.lr,
-            betas=tuple(self.sc.adam_betas),
-            weight_decay=self.sc.weight_decay,
+        # fp32 master weights and AdamW state when the model is bf16 (components.training.precision)
+        self.optimizer = build_adamw(
+            model, lr=self.sc.lr, betas=tuple(self.sc.adam_betas), weight_decay=self.sc.weight_decay
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(self.sc))
         self.order = list(range(len(self.train_problems)))
@@ -277,6 +278,9 @@ class RLTrainer:
         rollouts = [r for g in groups for r in g]
         self.model.train()
         start = time.perf_counter()
+        # Every tensor of the step lives on the model's device; statistics stay there as tensors until the
+        # step is done (one host sync per step, not one per micro-batch).
+        device = next(self.model.parameters()).device
         rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float32)
         uids = [r.group_id for r in rollouts]
         parallel_tags = self.tags if self.sc.engine_mode == "parallel" else None
@@ -284,7 +288,7 @@ class RLTrainer:
         response_mask = response_mask_of(rollouts)
         advantages = compute_advantages(
             self.sc.algorithm, rewards, response_mask, uids, self.sc.norm_adv_by_std
-        )
+        ).to(device)
 
         chunks = [
             c
@@ -304,9 +308,13 @@ class RLTrainer:
                 for k, micros in enumerate(micro_of):
                     for m, idx in enumerate(micros):
                         batch = build_policy_batch([rollouts[i] for i in idx], self.pad_id, parallel_tags)
-                        old_log_probs[k, m], _ = response_log_probs(self.model, batch, self.sc.temperature)
+                        old_log_probs[k, m], _ = response_log_probs(
+                            self.model, batch.to(device), self.sc.temperature
+                        )
 
-        stats: dict[str, list[float]] = {"loss": [], "grad_norm": [], "entropy": [], "clipfrac": [], "kl": []}
+        stats: dict[str, list[torch.Tensor]] = {
+            k: [] for k in ("loss", "grad_norm", "entropy", "clipfrac", "kl")
+        }
         for k, micros in enumerate(micro_of):
             idx_all = [i for idx in micros for i in idx]
             n_tokens = sum(len(rollouts[i].response_ids) for i in idx_all)
@@ -317,9 +325,9 @@ class RLTrainer:
                 dp_size=1, batch_num_tokens=n_tokens, global_batch_size=len(idx_all)
             )
             self.optimizer.zero_grad(set_to_none=True)
-            loss_sum, entropy_sum, clip_sum, kl_sum = 0.0, 0.0, 0.0, 0.0
+            sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, entropy, clipfrac, kl
             for m, idx in enumerate(micros):
-                batch = build_policy_batch([rollouts[i] for i in idx], self.pad_id, parallel_tags)
+                batch = build_policy_batch([rollouts[i] for i in idx], self.pad_id, parallel_tags).to(device)
                 log_prob, entropy = response_log_probs(
                     self.model, batch, self.sc.temperature, with_entropy=True
                 )
@@ -330,31 +338,36 @@ class RLTrainer:
                     self.sc.algorithm, old, log_prob, adv, batch.response_mask, self.actor_cfg, weights
                 )
                 loss.backward()
-                share = float(batch.response_mask.sum()) / n_tokens
-                loss_sum += loss.item()
+                share = batch.response_mask.sum().double() / n_tokens
                 assert entropy is not None
-                entropy_sum += float((entropy * batch.response_mask).sum()) / n_tokens
-                clip_sum += share * float(loss_metrics.get("actor/pg_clipfrac", 0.0))
-                kl_sum += share * float(loss_metrics.get("actor/ppo_kl", 0.0))
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.sc.grad_clip)
+                sums += torch.stack(
+                    [
+                        loss.detach().double(),
+                        (entropy * batch.response_mask).sum().double() / n_tokens,
+                        share * float(loss_metrics.get("actor/pg_clipfrac", 0.0)),
+                        share * float(loss_metrics.get("actor/ppo_kl", 0.0)),
+                    ]
+                )
+            grad_norm = torch.nn.utils.clip_grad_norm_(
+                stepped_parameters(self.model, self.optimizer), self.sc.grad_clip
+            )
             if torch.isfinite(grad_norm):
                 self.optimizer.step()
             else:
                 counters["skipped_nonfinite_grad"] += 1
-            stats["loss"].append(loss_sum)
-            stats["grad_norm"].append(float(grad_norm))
-            stats["entropy"].append(entropy_sum)
-            stats["clipfrac"].append(clip_sum)
-            stats["kl"].append(kl_sum)
+            for key, value in zip(("loss", "entropy", "clipfrac", "kl"), sums, strict=True):
+                stats[key].append(value)
+            stats["grad_norm"].append(grad_norm.detach().double())
         self.scheduler.step()
+        means = {key: float(torch.stack(values).mean()) for key, values in stats.items()}
         counters["update_time_s"] += time.perf_counter() - start
         counters["trained_tokens"] += int(response_mask.sum())
         return {
-            "actor/pg_loss": float(np.mean(stats["loss"])),
-            "actor/grad_norm": float(np.mean(stats["grad_norm"])),
-            "actor/entropy": float(np.mean(stats["entropy"])),
-            "actor/pg_clipfrac": float(np.mean(stats["clipfrac"])),
-            "actor/ppo_kl": float(np.mean(stats["kl"])),
+            "actor/pg_loss": means["loss"],
+            "actor/grad_norm": means["grad_norm"],
+            "actor/entropy": means["entropy"],
+            "actor/pg_clipfrac": means["clipfrac"],
+            "actor/ppo_kl": means["kl"],
             "actor/lr": float(self.scheduler.get_last_lr()[0]),
             "actor/optimizer_steps": float(len(micro_of)),
         }
@@ -375,14 +388,14 @@ class RLTrainer:
         if not any(reprefilled):
             return None
         rollout_lp = torch.full_like(log_prob, float("nan"))
-        merged = torch.zeros(log_prob.shape, dtype=torch.bool)
+        merged = torch.zeros(log_prob.shape, dtype=torch.bool, device=log_prob.device)
         for b, (r, redo) in enumerate(zip(rollouts, reprefilled, strict=True)):
             if not redo:
                 continue
             lps = torch.tensor(r.extra["rollout_logprobs"], dtype=torch.float32)
             rollout_lp[b, : lps.numel()] = lps.to(log_prob.device)
             mask = post_merge_mask(r.prompt_ids + r.response_ids, self.tags, len(r.prompt_ids))
-            merged[b, : mask.size] = torch.from_numpy(mask)
+            merged[b, : mask.size] = torch.from_numpy(mask).to(log_prob.device)
         weights, metrics = post_merge_is_weights(
             log_prob, rollout_lp, batch.response_mask, merged, rc.is_threshold
         )
@@ -647,18 +660,65 @@ def run_rl_stage(stage: str, cfg: Any, io: Any) -> dict[str, Any]:
 def _run_verl_stage(
     stage: str, cfg: Any, init_dir: Path, problems_dir: Path, out_dir: Path, work_dir: Path
 ) -> dict[str, Any]:
-    """GPU path: submit the verl job, then merge its last FSDP checkpoint into an HF directory."""
-    import subprocess
+    """GPU path: run verl's trainer on Ray, then merge its last FSDP checkpoint into the stage's HF output.
+
+    Where it runs (``components.training.ray_cluster``): with ``verl.ray_address: null`` this process starts
+    a Ray head on its node and stops it afterwards (paths are this node's); inside a job submitted to a
+    running cluster (the npr-stage flow's path for ``ray_address``) the driver attaches to that cluster and
+    every path it hands verl is under ``verl.shared_dir``, which all nodes mount.
+    """
+    import shutil
+    import sys
+
+    import yaml
 
     from components.artifacts import atomic_dir
-    from components.training.verl_launch import prepare_launch
+    from components.training import ray_cluster
+    from components.training.verl_launch import VERL_ENTRY_MODULE, prepare_launch, runtime_env
 
-    run_dir = work_dir / "verl"
-    command, overrides_file = prepare_launch(stage, cfg, init_dir, problems_dir, run_dir)
-    completed = subprocess.run(command, check=False)
-    if completed.returncode != 0:
+    v = getattr(cfg, stage).verl
+    inside = ray_cluster.inside_submitted_job()
+    if v.ray_address and not inside:
         raise RuntimeError(
-            f"verl job for {stage} failed with exit code {completed.returncode}: {overrides_file}"
+            f"{stage} attaches to the Ray cluster at {v.ray_address} ({stage}.verl.ray_address): run it "
+            "through the pipeline (npr run / the npr-stage flow), which submits it there as a Ray job and "
+            "restores its outputs from the DVC run-cache; `npr stage` alone cannot"
+        )
+    if inside:
+        if not v.shared_dir:
+            raise RuntimeError(f"{stage} runs on a Ray cluster but {stage}.verl.shared_dir is not set")
+        run_dir = Path(v.shared_dir) / "npr" / stage / os.environ.get("NPR_PIPELINE_RUN_ID", "run") / "verl"
+        shared_model = run_dir / "inputs" / "model"
+        if not shared_model.exists():  # every node reads the starting model from the shared filesystem
+            shutil.copytree(init_dir, shared_model)
+        init_dir = shared_model
+    else:
+        run_dir = work_dir / "verl"
+    _, overrides_file = prepare_launch(stage, cfg, init_dir, problems_dir, run_dir)
+    overrides = yaml.safe_load(Path(overrides_file).read_text())["overrides"]
+    entry = os.environ.get("NPR_VERL_ENTRY_MODULE", VERL_ENTRY_MODULE)  # a stand-in trainer in tests
+    argv = [sys.executable, "-m", entry, *overrides]
+    env = dict(os.environ)
+    env.update(
+        {
+            k: v_
+            for k, v_ in runtime_env(getattr(cfg, stage), cfg.schema_name)["env_vars"].items()
+            if k not in ray_cluster.NOT_FORWARDED
+        }
+    )
+    log = run_dir / "driver.log"
+    if inside:
+        returncode = ray_cluster.run_driver(argv, "auto", env, log)
+    else:
+        with ray_cluster.RayHead.start(
+            v.ray_head_host,
+            num_gpus=v.n_gpus_per_node if _cuda_available() else 0,
+            env=env,
+        ) as head:
+            returncode = ray_cluster.run_driver(argv, head.address, head.env, log)
+    if returncode != 0:
+        raise RuntimeError(
+            f"verl job for {stage} failed with exit code {returncode}: {log} ({overrides_file})"
         )
     steps = sorted(
         (run_dir / "checkpoints").glob("global_step_*"), key=lambda p: int(p.name.rsplit("_", 1)[1])
@@ -666,11 +726,16 @@ def _run_verl_stage(
     if not steps:
         raise RuntimeError(f"verl job for {stage} finished without a checkpoint in {run_dir / 'checkpoints'}")
     with atomic_dir(out_dir) as tmp:
-        merge = ["python", "-m", "verl.model_merger", "merge", "--backend", "fsdp"]
+        merge = [sys.executable, "-m", "verl.model_merger", "merge", "--backend", "fsdp"]
         merge += ["--local_dir", str(steps[-1] / "actor"), "--target_dir", str(tmp)]
         subprocess.run(merge, check=True)
     return {
         "backend": "verl",
+        "ray": "cluster " + str(v.ray_address) if inside else f"own head on {v.ray_head_host}",
         "steps": int(steps[-1].name.rsplit("_", 1)[1]),
         "overrides": str(overrides_file),
     }
+
+
+def _cuda_available() -> bool:
+    return torch.cuda.is_available()

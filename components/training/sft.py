@@ -47,7 +47,9 @@ from components.progress import track
 from components.training.batching import length_sorted_splits
 from components.training.checkpoint import TrainingState, latest_checkpoint, load_checkpoint, save_checkpoint
 from components.training.distributed import DistContext, shard_model
+from components.training.precision import build_adamw, stepped_parameters
 from components.training.sft_data import Mode, SFTBatch, SFTExample, collate
+from components.training.token_logprobs import token_log_probs
 
 Scheduler = Literal["cosine", "constant", "linear"]
 # Examples of one optimizer step (batch_size * grad_accum of them), a pure function of the step number.
@@ -79,6 +81,8 @@ class SFTSettings:
     # Passes per micro-batch over length-sorted slices of the step: the same gradient, less padding
     # (components.training.batching); 1 = each micro-batch in one pass, in the step's order.
     length_splits: int = 1
+    # Recompute decoder-layer activations in the backward instead of keeping them (same gradient).
+    gradient_checkpointing: bool = False
 
     @property
     def examples_per_step(self) -> int:
@@ -110,6 +114,7 @@ class SFTSettings:
             save_every=cfg.save_every,
             seed=cfg.seed,
             length_splits=cfg.length_splits,
+            gradient_checkpointing=cfg.gradient_checkpointing,
         )
 
 
@@ -161,14 +166,16 @@ class EpochSource:
 
 
 def build_optimizer(model: torch.nn.Module, settings: SFTSettings) -> torch.optim.AdamW:
-    """AdamW; weight decay on matrices only (norm gains and biases are not decayed, as is standard)."""
+    """AdamW; weight decay on matrices only (norm gains and biases are not decayed, as is standard).
+
+    A bf16 model gets fp32 master weights and moments (``components.training.precision``)."""
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
     groups = [
         {"params": decay, "weight_decay": settings.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(groups, lr=settings.lr, betas=settings.adam_betas)
+    return build_adamw(model, groups, lr=settings.lr, betas=settings.adam_betas)
 
 
 def build_scheduler(
@@ -191,7 +198,8 @@ def token_nll(model: torch.nn.Module, batch: SFTBatch) -> tuple[torch.Tensor, in
     """Summed negative log-likelihood of the batch's response tokens, and their count.
 
     Token ``t`` is scored with the logits at ``batch.parents[:, t]``:
-    ``nll_t = logsumexp(logits[parent]) - logits[parent, input_ids[t]]`` (float32).
+    ``nll_t = logsumexp(logits[parent]) - logits[parent, input_ids[t]]`` (float32), computed chunk by chunk
+    over the loss tokens (``components.training.token_logprobs``: no ``(B, L, V)`` logits tensor).
 
     Returns:
         (scalar tensor with grad, number of loss tokens)
@@ -204,17 +212,11 @@ def token_nll(model: torch.nn.Module, batch: SFTBatch) -> tuple[torch.Tensor, in
         mask = to_additive_mask(mask, next(model.parameters()).dtype)
     input_ids = batch.input_ids.to(device)
     position_ids = batch.position_ids.to(device) if batch.position_ids is not None else None
-    logits = model(
-        input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False
-    ).logits
-    logits = logits.float()
-    parents = batch.parents.to(device)
-    rows = torch.arange(logits.shape[0], device=device)[:, None]
-    log_norm = torch.logsumexp(logits, dim=-1).gather(1, parents)  # [B, L]
-    target_logit = logits[rows, parents, input_ids]  # [B, L]
     loss_mask = batch.loss_mask.to(device)
-    nll = (log_norm - target_logit) * loss_mask
-    return nll.sum(), int(loss_mask.sum())
+    log_prob, _ = token_log_probs(
+        model, input_ids, mask, position_ids, batch.parents.to(device), input_ids, loss_mask
+    )
+    return -(log_prob * loss_mask).sum(), int(batch.loss_mask.sum())
 
 
 def train_sft(
@@ -248,6 +250,8 @@ def train_sft(
     if ctx.is_main:
         work_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(settings.seed)
+    if settings.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     shard_model(model, ctx)  # before the optimizer: FSDP replaces the parameters with sharded ones
     model.train()
     optimizer = build_optimizer(model, settings)
@@ -343,7 +347,7 @@ def _train_step(
         nll, _ = token_nll(model, batch)
         (nll * ctx.world_size / n_total).backward()
         loss_sum += float(nll.detach())
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip)
+    grad_norm = torch.nn.utils.clip_grad_norm_(stepped_parameters(model, optimizer), settings.grad_clip)
     if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP
         grad_norm = grad_norm.full_tensor()
     lr = optimizer.param_groups[0]["lr"]

@@ -244,7 +244,20 @@ def runtime_env(stage_cfg: Any, schema: str = "npr") -> dict[str, Any]:
 
 
 def ray_job_command(stage_cfg: Any, overrides: list[str], job_id: str, schema: str = "npr") -> list[str]:
-    """``ray job submit`` argv running ``python -m verl.trainer.main_ppo <overrides>`` on the cluster."""
+    """``ray job submit`` argv running ``python -m verl.trainer.main_ppo <overrides>`` on the cluster; with
+    ``verl.ray_address: null`` the driver as the stage runs it against the Ray head it starts itself
+    (``components.training.ray_cluster``), shown with that head's placeholder address."""
+    if not stage_cfg.verl.ray_address:
+        env = [f"{k}={v}" for k, v in sorted(plugin_env_vars(stage_cfg, schema).items())]
+        return [
+            "env",
+            "RAY_ADDRESS=<the head npr stage starts>",
+            *env,
+            "python",
+            "-m",
+            VERL_ENTRY_MODULE,
+            *overrides,
+        ]
     return [
         "ray",
         "job",
@@ -705,6 +718,8 @@ def main(argv: list[str] | None = None) -> int:
         else f"# overrides written to {path}"
     )
     print(shlex.join(command))
+    if not stage_cfg.verl.ray_address:  # the stage starts (and stops) its own Ray head, then merges
+        return subprocess.call(["npr", "stage", args.stage])
     return subprocess.call(command)
 
 

@@ -91,7 +91,9 @@ def test_an_unknown_key_fails_composition():
 
 
 def test_ray_job_command_imports_plugins_and_files_are_written(tmp_path):
-    cfg = load_config(profile="qwen3-4b")
+    # a stage submitted to a running Ray cluster (the profile's own-head form is checked at the end)
+    on_cluster = [f"{s}.verl.ray_address=http://head:8265" for s in ("papo_rl", "npr_zero")]
+    cfg = load_config(profile="qwen3-4b", overrides=on_cluster)
     overrides = build_overrides("papo_rl", cfg.papo_rl, INPUTS, "npr")
     argv = ray_job_command(cfg.papo_rl, overrides, "job-1")
     assert argv[:3] == ["ray", "job", "submit"]
@@ -110,6 +112,10 @@ def test_ray_job_command_imports_plugins_and_files_are_written(tmp_path):
     # DAPO stages import the plugins too (the tag-keeping reward manager) but keep verl's stock actor
     assert dapo_env["env_vars"]["VERL_USE_EXTERNAL_MODULES"] == PLUGIN_MODULE
     assert "VERL_ENGINE_VENDOR" not in dapo_env["env_vars"]
+    # ray_address null (the profile): the driver as the stage runs it against the head it starts
+    own = ray_job_command(load_config(profile="qwen3-4b").papo_rl, overrides, "job-1")
+    assert own[0] == "env" and "VERL_ENGINE_VENDOR=npr" in own
+    assert own[own.index("python") : own.index("python") + 3] == ["python", "-m", "verl.trainer.main_ppo"]
 
 
 def test_rows_carry_the_stage_reward_to_compute_score(tmp_path):
@@ -191,10 +197,10 @@ def test_dry_run_shows_a_native_parallel_papo_job(capsys, in_repo, profile_args)
     ):
         assert line in out, line
     argv = shlex.split(out.strip().splitlines()[-1])
-    assert argv[:3] == ["ray", "job", "submit"] and "verl.trainer.main_ppo" in argv
+    # the profile's papo_rl starts its own Ray head (verl.ray_address: null): the driver as the stage runs it
+    assert argv[0] == "env" and "verl.trainer.main_ppo" in argv
     assert "actor_rollout_ref.rollout.agent.default_agent_loop=npr_parallel" in argv
-    env = json.loads(next(a for a in argv if a.startswith("--runtime-env-json=")).split("=", 1)[1])
-    assert env["env_vars"]["VERL_ENGINE_VENDOR"] == "npr"
+    assert "VERL_ENGINE_VENDOR=npr" in argv
 
 
 def _problems_dir(tmp_path, n_train: int, n_test: int):
