@@ -279,7 +279,9 @@ def training_rows(model, tok, tags, shape_name: str, seq_len: int, device: torch
     from components.config import load_config
 
     cfg = load_config(
-        ROOT / "configs" / "tiny.yaml", overrides=["papo_rl.lr=1e-7", "papo_rl.micro_batch_size=1"]
+        ROOT / "configs" / "tiny.yaml",
+        overrides=["papo_rl.lr=1e-7", "papo_rl.micro_batch_size=1"],
+        root=ROOT,  # the script runs from its --out folder; the prompts live in the checkout
     )
     problems = [{"id": "p", "problem": "x", "answer": "1"}]
     trainer = RLTrainer(

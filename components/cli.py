@@ -18,6 +18,7 @@ from typer.core import TyperGroup
 
 from components.env import apply_defaults
 from components.errors import UserError
+from components.tracking import own_wandb_service
 
 # Not bugs: what the user has to fix (the messages name the file, the key, the line)
 USER_ERRORS = (
@@ -411,6 +412,7 @@ def configure_logging() -> None:
 
 
 def main() -> None:
+    own_wandb_service()
     apply_defaults()
     configure_logging()
     app()

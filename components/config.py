@@ -268,14 +268,18 @@ def profile_path(profile: str) -> Path:
 
 
 def load_config(
-    path: Path | str = PARAMS_FILE, profile: str | None = None, overrides: list[str] | None = None
+    path: Path | str = PARAMS_FILE,
+    profile: str | None = None,
+    overrides: list[str] | None = None,
+    root: Path | None = None,
 ) -> PipelineConfig:
     """Load params.yaml, or a profile file when ``profile`` is given, apply overrides, validate (the
-    workspace checks are relative to the current directory: the checkout stages run in)."""
+    workspace checks are relative to ``root``, by default the current directory: the checkout stages run
+    in; a script run from elsewhere names the checkout)."""
     source = profile_path(profile) if profile else Path(path)
     data = apply_overrides(read_yaml(source), overrides or [])
     cfg = validate_config(data, str(source))
-    check_workspace(cfg, str(source))
+    check_workspace(cfg, str(source), root)
     return cfg
 
 

@@ -43,6 +43,17 @@ PIPELINE_RUN_ENV = "NPR_PIPELINE_RUN_ID"
 _ACTIVE: dict[str, StageRun] = {}
 
 
+def own_wandb_service() -> None:
+    """Make this process start its own W&B service instead of joining its parent's.
+
+    wandb exports ``WANDB_SERVICE`` once it starts a service, so a child process (a stage run by the flow,
+    by a test, by a retry loop) would otherwise join the parent's. A stage killed mid-run then leaves its
+    run's stream registered there, and the rerun that resumes the same run id is refused ("run ID ... is
+    in use"). A stage process is the unit that is killed and rerun, so it owns its service.
+    """
+    os.environ.pop("WANDB_SERVICE", None)
+
+
 def pipeline_run_id() -> str:
     """The id that groups this pipeline run's stage runs; created (and exported) when the flow set none."""
     run_id = os.environ.get(PIPELINE_RUN_ENV)
@@ -175,7 +186,10 @@ class StageRun:
         if self.run.disabled:
             return None
         self.run.config.update({f"outputs/{name}": {"uri": uri, **(metadata or {})}}, allow_val_change=True)
-        if uri.startswith("file://") and not Path(urllib.parse.unquote(urllib.parse.urlparse(uri).path)).exists():
+        if (
+            uri.startswith("file://")
+            and not Path(urllib.parse.unquote(urllib.parse.urlparse(uri).path)).exists()
+        ):
             return None
         return self.run.log_artifact(_reference_artifact(name, uri, type, metadata))
 

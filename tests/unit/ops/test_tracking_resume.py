@@ -62,3 +62,18 @@ def test_a_restart_without_checkpoint_logs_everything_once(tmp_path: Path) -> No
     (tmp_path / "wandb_log.jsonl").write_text('{"step": 0, "metrics": {}}\n{"step": 1, "metr')
     _, run = _process(tmp_path, range(2, 3), resume_from=1)
     assert run.logged == [0, 2]
+
+
+def test_a_stage_process_starts_its_own_wandb_service_not_its_parents(monkeypatch):
+    # wandb exports WANDB_SERVICE once it starts a service; a stage that joined its parent's service and was
+    # killed would leave its run's stream there, and its rerun (same run id) would be refused as "in use"
+    import components.cli as cli
+
+    monkeypatch.setenv("WANDB_SERVICE", "2-4242-tcp-localhost-1")
+    seen: dict[str, str | None] = {}
+    monkeypatch.setattr(
+        cli, "app", lambda: seen.setdefault("service", __import__("os").environ.get("WANDB_SERVICE"))
+    )
+    monkeypatch.setattr(cli, "configure_logging", lambda: None)
+    cli.main()
+    assert seen == {"service": None}
