@@ -67,13 +67,21 @@ class Verdict:
 
 
 def _readings(raw: str, normalized: str) -> tuple[Fraction, ...]:
-    """The values a plain-number answer can mean (a percent also over 100, a decimal comma as a point)."""
+    """The values a plain-number answer can mean (a percent also over 100)."""
     value = read_number(normalized)
-    if value is None and _DECIMAL_COMMA.match(normalized) and not _GROUP_OF_THREE.match(normalized):
-        value = read_number(normalized.replace(",", "."))
     if value is None:
         return ()
     return (value, value / 100) if "%" in clean_answer(raw) else (value,)
+
+
+def _decimal_comma(raw: str, normalized: str, other: tuple[Fraction, ...]) -> tuple[Fraction, ...]:
+    """``1000,99`` read as 1000.99, only against a number with a fractional part: next to anything else the
+    comma separates a list (``69,84`` is two answers), and a group of three digits is a thousands mark."""
+    if not other or all(v.denominator == 1 for v in other):
+        return ()
+    if not _DECIMAL_COMMA.match(normalized) or _GROUP_OF_THREE.match(normalized):
+        return ()
+    return _readings(raw, normalized.replace(",", "."))
 
 
 def _element_values(normalized: str) -> list[Fraction] | None:
@@ -152,6 +160,8 @@ def fast_verdict(pred: str, gold: str, rel_tol: float) -> Verdict | None:
         return Verdict(True, "exact")
     pred_values = _readings(pred, pred_norm)
     gold_values = _readings(gold, gold_norm)
+    pred_values = pred_values or _decimal_comma(pred, pred_norm, gold_values)
+    gold_values = gold_values or _decimal_comma(gold, gold_norm, pred_values)
     if pred_values and gold_values:
         equal = any(numbers_equal(p, g, rel_tol) for p in pred_values for g in gold_values)
         return Verdict(equal, "numeric")

@@ -58,11 +58,13 @@ _TEXT_CONNECTOR = re.compile(
 )
 _UNIT_AFTER_NUMBER = re.compile(r"(?<=[\d}$])\s*(?:\\(?:text|mbox|textnormal|mathrm)\{\s*~?\s*)?" + _UNIT_WORD
                                 + r"\.?\s*\}?\s*$", re.I)
-_LATEX_THOUSANDS = re.compile(r"(?<=\d)(?:\{,\}|,\\!|,\\,|,\\ )\s*(?=\d{3}(?!\d))")
+_LATEX_THOUSANDS = re.compile(r"(?<=\d)(?:\{,\}|,\s*\\!|,\\,|,\\ )\s*(?=\d{3}(?!\d))")
+_DOLLAR_LIST = re.compile(r"\$\s*([,;])\s*\$")
+_DOLLAR_GAP = re.compile(r"(?<=.)\$\s+\$(?=.)")
 _CURRENCY = re.compile(r"\\\$|\\euro\b|[€£¥]|\\pounds\b")
 _DOUBLED_COMMAND = re.compile(r"\\\\(?=(?:frac|dfrac|tfrac|sqrt|left|right|boxed|text|cdot|times|pi|le|ge|infty|in)\b)")
 _ONE_SPAN = re.compile(r"\$([^$]+)\$")
-_SPANS = re.compile(r"^\$[^$]+\$(?:\s*(?:,|;|and|or)?\s*\$[^$]+\$)+\s*\.?$")
+_SPANS = re.compile(r"^\$[^$]+\$(?:\s*(?:,|;|and|or)\s*\$[^$]+\$)+\s*\.?$")
 _TEXT_CHOICE = re.compile(r"^\\text(?:bf)?\{\s*\(?([A-Ea-e])\)?\s*\}$")
 _CHOICE = re.compile(r"^\(?([A-Ea-e])\)?$")
 _THOUSANDS = re.compile(r"^-?[1-9]\d{0,2}(?:,\d{3})+(?:\.\d+)?$")
@@ -125,6 +127,9 @@ def clean_answer(answer: str) -> str:
     s = answer.replace("\u2212", "-").strip()
     if _SPANS.match(s):  # `$f(x)=-1$,$f(x)=x+1$` (OlympiadBench): several formulas form one answer
         s = ", ".join(m.group(1).strip() for m in _ONE_SPAN.finditer(s))
+    elif s.count("$") > 2:
+        s = _DOLLAR_LIST.sub(r"\1 ", s)  # `$$69$,$84$$`: formulas closed and reopened around a comma
+        s = _DOLLAR_GAP.sub(" ", s)  # `$a +$ $b$`: one formula split in two
     if "matrix" not in s and "array" not in s:
         s = _DOUBLED_COMMAND.sub(r"\\", s)
     s = _LATEX_THOUSANDS.sub(",", s)
