@@ -58,7 +58,13 @@ _TEXT_CONNECTOR = re.compile(
 )
 _UNIT_AFTER_NUMBER = re.compile(r"(?<=[\d}$])\s*(?:\\(?:text|mbox|textnormal|mathrm)\{\s*~?\s*)?" + _UNIT_WORD
                                 + r"\.?\s*\}?\s*$", re.I)
-_LATEX_THOUSANDS = re.compile(r"(?<=\d)(?:\{,\}|,\s*\\!|,\\,|,\\ )\s*(?=\d{3}(?!\d))")
+_LATEX_THOUSANDS = re.compile(r"(?<=\d)(?:\s*\{\s*,\s*\}|,\s*\\!|,\\,|,\\ )\s*(?=\d{3}(?!\d))")
+_PERCENT_AFTER_MATH = re.compile(r"(?<!\\)\$\s*(\\?%)")
+# A unit mark after a number: degrees Celsius/Fahrenheit, arcminutes/arcseconds (or feet/inches) as primes.
+_NUMBER_MARKS = re.compile(
+    r"(?<=[\d}])\s*(?:\^\s*\{?\s*\\circ\s*\}?|°)\s*(?:\\mathrm\{\s*([CF])\s*\}|\\text\{\s*([CF])\s*\}|([CF])(?![A-Za-z]))"
+    r"|(?<=\d)\s*\^\s*\{\s*\\prime(?:\s*\\prime)?\s*\}|(?<=\d)\s*\^\s*\\prime(?![A-Za-z])"
+)
 _DOLLAR_LIST = re.compile(r"\$\s*([,;])\s*\$")
 _DOLLAR_GAP = re.compile(r"(?<=.)\$\s+\$(?=.)")
 _CURRENCY = re.compile(r"\\\$|\\euro\b|[€£¥]|\\pounds\b")
@@ -133,6 +139,8 @@ def clean_answer(answer: str) -> str:
     if "matrix" not in s and "array" not in s:
         s = _DOUBLED_COMMAND.sub(r"\\", s)
     s = _LATEX_THOUSANDS.sub(",", s)
+    s = _NUMBER_MARKS.sub("", s)
+    s = _PERCENT_AFTER_MATH.sub(r"\1$", s)  # `$28$ %` -> `$28%$`
     s = _CURRENCY.sub("", s)
     if s.count("$") == 1:  # a lone dollar is currency (`$1,000.99`, `1,000.99$`), never a math delimiter
         s = s.replace("$", "")
