@@ -35,6 +35,7 @@ from components.grading.config import ExtractionConfig
 FALLBACKS: tuple[str, ...] = ("answer_line", "last_number")
 # Finish reasons of a response that ended on its own (engine and SGLang both say "stop").
 COMPLETE_FINISH_REASONS = frozenset({"stop"})
+MAX_ANSWER_LINE = 2000
 
 # A box command (not followed by a letter, so `\boxedx` is not one), an escaped brace (skipped) or a brace.
 _BOX_OR_BRACE = re.compile(r"\\(?:boxed|fbox|framebox)(?![A-Za-z])|\\[{}]|[{}]")
@@ -259,7 +260,8 @@ def _value_of_text(text: str) -> str | None:
 def _after_label(text: str, label_end: int) -> str:
     """The text an answer label introduces: a display formula (may span lines), else the rest of the line,
     else (a label alone on its line) the next non-empty line."""
-    rest = text[label_end:].lstrip(" \t*_")
+    # An answer is short: a line of megabytes after a label is not one (and must not cost a quadratic scan).
+    rest = text[label_end : label_end + MAX_ANSWER_LINE].lstrip(" \t*_")
     for opener, closer in (("\\[", "\\]"), ("$$", "$$")):
         if rest.startswith(opener):
             close = rest.find(closer, len(opener))

@@ -230,7 +230,9 @@ def reduce_relation(s: str) -> str:
     ):
         s = parts[1]  # a computation `3 + 4 = 7`: its result
     for word in _RELATION_WORDS:
-        where = [m.start() for m in word.finditer(s) if m.start() in set(_top_level(s, m.group()))]
+        matches = list(word.finditer(s))
+        top = set(_top_level(s, matches[0].group())) if matches else set()
+        where = [m.start() for m in matches if m.start() in top]
         if where:
             match = word.match(s, where[0])
             left, right = s[: where[0]], s[match.end() :] if match else ""

@@ -152,6 +152,9 @@ def test_results_are_cached() -> None:
         "{" * 500_000 + "\\boxed{1}" + "}" * 500_000,
         "Answer: " * 120_000,
         "1," * 500_000,
+        "Answer: " + "$$" * 500_000,  # a megabyte answer line of unclosed formulas
+        "\\boxed{1}, " * 100_000,  # one run of 100k joined boxes
+        "Final answer is " + "$a$ and " * 50_000 + " I hope it is correct",
     ],
 )
 def test_megabyte_adversarial_inputs_are_linear(adversarial: str) -> None:
@@ -159,3 +162,12 @@ def test_megabyte_adversarial_inputs_are_linear(adversarial: str) -> None:
     extract_answer(adversarial + " tail")
     # One linear pass over ~1 MB takes about a second on a loaded 2-core box; a quadratic scan takes hours.
     assert time.perf_counter() - start < 10.0
+
+
+def test_megabyte_answers_normalize_in_linear_time() -> None:
+    from components.grading.equivalence import fast_verdict
+
+    start = time.perf_counter()
+    for answer in ("\\approx" * 100_000, "x=" * 200_000 + "1", "1, " * 200_000):
+        fast_verdict(answer, "1", rel_tol=1e-6)
+    assert time.perf_counter() - start < 30.0
