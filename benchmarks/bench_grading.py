@@ -50,7 +50,9 @@ def corpus_section(workers: int) -> None:
 
     cfg = GradingConfig(workers=workers, timeout_s=30.0)
     print("== corpus: agreement with the expected verdicts (cases without a library option) ==")
-    print(f"{'split':8} {'kind':9} {'n':>4} {'ours':>14} {'plain math-verify':>18}   flagged (ours / math-verify)")
+    print(
+        f"{'split':8} {'kind':9} {'n':>4} {'ours':>14} {'plain math-verify':>18}   flagged (ours / math-verify)"
+    )
     for split in ("tune", "heldout"):
         cases = load_cases(split)
         start = time.perf_counter()
@@ -59,7 +61,11 @@ def corpus_section(workers: int) -> None:
         start = time.perf_counter()
         plain = agreement(cases, math_verify_verdicts(cases))
         plain_s = time.perf_counter() - start
-        for key, kind in (("counted_answer", "answers"), ("counted_response", "responses"), ("counted", "all")):
+        for key, kind in (
+            ("counted_answer", "answers"),
+            ("counted_response", "responses"),
+            ("counted", "all"),
+        ):
             o, p = ours[key], plain[key]
             flagged = f"{ours['flagged']['agree']}/{ours['flagged']['n']} / {plain['flagged']['agree']}/{plain['flagged']['n']}"
             print(
@@ -184,7 +190,9 @@ def throughput_section(n_pairs: int, workers: int, n_sequential: int, seed: int)
     sequential_rate = len(sample) / sequential_s
     fast = sum(count for method, count in methods.items() if method not in ("math_verify", "failed"))
     print("== throughput ==")
-    print(f"pairs: {len(pairs):,} built from {len(load_golds(DATA)):,} benchmark answers; workers: {cfg.workers}")
+    print(
+        f"pairs: {len(pairs):,} built from {len(load_golds(DATA)):,} benchmark answers; workers: {cfg.workers}"
+    )
     print(f"pool spin-up (once per process): {spin_up:.1f} s")
     print(
         f"batch path: {batch_s:.1f} s = {batch_rate:,.0f} pairs/s; "
@@ -239,20 +247,34 @@ def regrade_section(records_dir: Path, workers: int) -> None:
         by_ckpt[rec["checkpoint"]][rec["benchmark"]].append((rec, new))
         if bool(rec["correct"]) != j.correct:
             why = (
-                "truncated" if j.truncated else "no explicit answer" if j.pred is None else "equivalence rules"
+                "truncated"
+                if j.truncated
+                else "no explicit answer"
+                if j.pred is None
+                else "equivalence rules"
             )
             reasons[f"{'lost' if rec['correct'] else 'gained'} credit: {why}"] += 1
-    print(f"== regrade: {len(records)} records under {records_dir} (evaluation extraction, finish reasons) ==")
-    print(f"{'checkpoint':20} {'recorded':>9} {'re-graded':>10} {'change':>8}   per benchmark (recorded -> re-graded)")
+    print(
+        f"== regrade: {len(records)} records under {records_dir} (evaluation extraction, finish reasons) =="
+    )
+    print(
+        f"{'checkpoint':20} {'recorded':>9} {'re-graded':>10} {'change':>8}   per benchmark (recorded -> re-graded)"
+    )
     for ckpt, benches in by_ckpt.items():
-        old_acc = {b: avg_at_n(group_by_problem([o for o, _ in rows], "correct")) for b, rows in benches.items()}
-        new_acc = {b: avg_at_n(group_by_problem([n for _, n in rows], "correct")) for b, rows in benches.items()}
+        old_acc = {
+            b: avg_at_n(group_by_problem([o for o, _ in rows], "correct")) for b, rows in benches.items()
+        }
+        new_acc = {
+            b: avg_at_n(group_by_problem([n for _, n in rows], "correct")) for b, rows in benches.items()
+        }
         old_avg = sum(old_acc.values()) / len(old_acc)
         new_avg = sum(new_acc.values()) / len(new_acc)
         changed = ", ".join(
             f"{b} {old_acc[b]:.3f}->{new_acc[b]:.3f}" for b in benches if abs(old_acc[b] - new_acc[b]) > 1e-12
         )
-        print(f"{ckpt:20} {old_avg:9.4f} {new_avg:10.4f} {new_avg - old_avg:+8.4f}   {changed or 'unchanged'}")
+        print(
+            f"{ckpt:20} {old_avg:9.4f} {new_avg:10.4f} {new_avg - old_avg:+8.4f}   {changed or 'unchanged'}"
+        )
     print("verdicts changed:", dict(reasons) or "none")
 
 
@@ -260,7 +282,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pairs", type=int, default=TARGET_PAIRS)
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--sequential", type=int, default=600, help="pairs for the plain math-verify baseline")
+    parser.add_argument(
+        "--sequential", type=int, default=600, help="pairs for the plain math-verify baseline"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-corpus", action="store_true")
     parser.add_argument("--skip-throughput", action="store_true")

@@ -71,9 +71,47 @@ _WORD = re.compile(r"[A-Za-z()]+")
 _SENTENCE_VERB = re.compile(r"(?i)\s(?:is|are|equals|was)\s")
 _WORDY = re.compile(r"[A-Za-z]{2,}")
 _UNIT_WORDS = frozenset(
-    "percent percentage pct dollars dollar cents cent euros units unit degrees degree cm m km mm inches inch "
-    "feet foot ft miles mile meters meter hours hour minutes minute seconds second days day years year ways "
-    "square cubic sq".split()
+    [
+        "percent",
+        "percentage",
+        "pct",
+        "dollars",
+        "dollar",
+        "cents",
+        "cent",
+        "euros",
+        "units",
+        "unit",
+        "degrees",
+        "degree",
+        "cm",
+        "m",
+        "km",
+        "mm",
+        "inches",
+        "inch",
+        "feet",
+        "foot",
+        "ft",
+        "miles",
+        "mile",
+        "meters",
+        "meter",
+        "hours",
+        "hour",
+        "minutes",
+        "minute",
+        "seconds",
+        "second",
+        "days",
+        "day",
+        "years",
+        "year",
+        "ways",
+        "square",
+        "cubic",
+        "sq",
+    ]
 )
 
 
@@ -98,8 +136,10 @@ class _Box(NamedTuple):
 
 def _scan_boxes(text: str) -> tuple[list[_Box], int]:
     """Complete top-level boxes in order, and the start of the last box that never closes (-1 if none)."""
-    first = min((i for i in (text.find("\\boxed"), text.find("\\fbox"), text.find("\\framebox")) if i >= 0),
-                default=-1)
+    first = min(
+        (i for i in (text.find("\\boxed"), text.find("\\fbox"), text.find("\\framebox")) if i >= 0),
+        default=-1,
+    )
     if first < 0:
         return [], -1
     boxes: list[_Box] = []
@@ -211,9 +251,11 @@ def _value_of_line(value: str) -> str | None:
     spans = list(_MATH_SPAN.finditer(value))
     if spans:
         outside = _MATH_SPAN.sub(" ", value)
-        if len(spans) > 1 and all(
-            _joinable(value[a.end() : b.start()]) for a, b in zip(spans, spans[1:], strict=False)
-        ) and not _wordy(value[: spans[0].start()]):
+        if (
+            len(spans) > 1
+            and all(_joinable(value[a.end() : b.start()]) for a, b in zip(spans, spans[1:], strict=False))
+            and not _wordy(value[: spans[0].start()])
+        ):
             return ", ".join(_span_content(s) for s in spans)
         if len(spans) == 1 and not _wordy(outside):
             answer = _span_content(spans[0])
@@ -309,7 +351,9 @@ def _tidy(answer: str) -> str:
 
 
 @lru_cache(maxsize=8192)
-def _extract(text: str, fallbacks: tuple[str, ...], require_complete: bool, finish_reason: str | None) -> Extraction:
+def _extract(
+    text: str, fallbacks: tuple[str, ...], require_complete: bool, finish_reason: str | None
+) -> Extraction:
     for name in fallbacks:
         if name not in FALLBACKS:
             raise ValueError(f"unknown answer fallback {name!r}; known: {', '.join(FALLBACKS)}")

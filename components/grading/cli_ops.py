@@ -95,8 +95,10 @@ def grade_jsonl(path: Path | str, out: TextIO, cfg: GradingConfig | None = None)
             rows.append(record)
             reason = record.get("finish_reason")
             pairs.append(
-                (None if pred is None else answer_of(pred, cfg, None if reason is None else str(reason)),
-                 record["gold"])
+                (
+                    None if pred is None else answer_of(pred, cfg, None if reason is None else str(reason)),
+                    record["gold"],
+                )
             )
 
     verdicts = grade_many_verdicts(pairs, cfg)

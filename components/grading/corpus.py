@@ -72,7 +72,9 @@ def our_verdicts(cases: Sequence[Case], cfg: GradingConfig | None = None) -> lis
     out: list[bool | None] = [None] * len(cases)
     answers = [(i, c) for i, c in enumerate(cases) if c.kind == "answer"]
     responses = [(i, c) for i, c in enumerate(cases) if c.kind == "response"]
-    verdicts = grade_many_verdicts([(answer_of(c.pred, cfg, c.finish_reason), c.gold) for _, c in answers], cfg)
+    verdicts = grade_many_verdicts(
+        [(answer_of(c.pred, cfg, c.finish_reason), c.gold) for _, c in answers], cfg
+    )
     for (i, _), verdict in zip(answers, verdicts, strict=True):
         out[i] = verdict.equal
     judgements = judge_many(
@@ -120,6 +122,7 @@ def _plain_golds(gold: Any, candidates: Any) -> list[str]:
 def agreement(cases: Sequence[Case], verdicts: Sequence[bool]) -> dict[str, Any]:
     """Agreement with the expected verdicts, overall and per kind, on the cases without a library option
     (``counted``) and on the flagged ones; plus the disagreeing counted cases' ids."""
+
     def rate(pairs: list[tuple[Case, bool]]) -> dict[str, Any]:
         hits = sum(c.expected == v for c, v in pairs)
         return {"n": len(pairs), "agree": hits, "rate": hits / len(pairs) if pairs else None}

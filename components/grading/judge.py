@@ -84,7 +84,9 @@ def judge_many(
     if len(responses) != len(golds):
         raise ValueError(f"judge_many got {len(responses)} responses but {len(golds)} golds")
     if finish_reasons is not None and len(finish_reasons) != len(responses):
-        raise ValueError(f"judge_many got {len(responses)} responses but {len(finish_reasons)} finish reasons")
+        raise ValueError(
+            f"judge_many got {len(responses)} responses but {len(finish_reasons)} finish reasons"
+        )
     cfg = cfg or GradingConfig()
     extraction = cfg.extraction.for_purpose(purpose)
     resolved = get_schema(schema)

@@ -31,7 +31,17 @@ from typing import Any
 # Math delimiters around the whole answer.
 _DELIMITERS = (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
 # Wrappers whose content is the answer when they span the whole string.
-_WRAPPERS = ("\\boxed", "\\fbox", "\\framebox", "\\text", "\\textbf", "\\mathrm", "\\mathbf", "\\mbox", "\\textnormal")
+_WRAPPERS = (
+    "\\boxed",
+    "\\fbox",
+    "\\framebox",
+    "\\text",
+    "\\textbf",
+    "\\mathrm",
+    "\\mathbf",
+    "\\mbox",
+    "\\textnormal",
+)
 _TEXT_COMMANDS = r"\\(?:text|textbf|textnormal|mathrm|mbox)"
 # A trailing unit: `\text{ cm}`, `\mbox{dollars}`, `\text{ square units}` after a non-empty answer.
 _TRAILING_UNIT = re.compile(_TEXT_COMMANDS + r"\{\s*[A-Za-z][A-Za-z .]*\}\s*$")
@@ -51,13 +61,16 @@ _UNIT_WORD = (
     r"(?:dollars?|cents?|euros?|units?|degrees?|percent(?:age)?|pct|inches|inch|feet|foot|miles?|meters?|"
     r"metres?|centimeters?|cm|km|mm|hours?|minutes?|seconds?|days?|years?|yuan|square\s+units|sq\s+units)"
 )
-_PERCENT_WORD = re.compile(r"(\d|\})(\$?)\s*(?:\\text\{\s*|\\mbox\{\s*)?(?:percent(?:age)?|pct)\b\s*\}?", re.I)
+_PERCENT_WORD = re.compile(
+    r"(\d|\})(\$?)\s*(?:\\text\{\s*|\\mbox\{\s*)?(?:percent(?:age)?|pct)\b\s*\}?", re.I
+)
 # `6 \text{ and } 8`, `$1$ and $2$`: two values joined by a word are a list of both.
 _TEXT_CONNECTOR = re.compile(
     r"\s*,?\s*\\(?:text|mbox|textnormal)\{\s*,?\s*(?:and|or)\s*\}\s*|(?<=[\d})$])\s*,?\s+(?:and|or)\s+(?=[-\d\\($])"
 )
-_UNIT_AFTER_NUMBER = re.compile(r"(?<=[\d}$])\s*(?:\\(?:text|mbox|textnormal|mathrm)\{\s*~?\s*)?" + _UNIT_WORD
-                                + r"\.?\s*\}?\s*$", re.I)
+_UNIT_AFTER_NUMBER = re.compile(
+    r"(?<=[\d}$])\s*(?:\\(?:text|mbox|textnormal|mathrm)\{\s*~?\s*)?" + _UNIT_WORD + r"\.?\s*\}?\s*$", re.I
+)
 _LATEX_THOUSANDS = re.compile(r"(?<=\d)(?:\s*\{\s*,\s*\}|,\s*\\!|,\\,|,\\ )\s*(?=\d{3}(?!\d))")
 _PERCENT_AFTER_MATH = re.compile(r"(?<!\\)\$\s*(\\?%)")
 # A unit mark after a number: degrees Celsius/Fahrenheit, arcminutes/arcseconds (or feet/inches) as primes.
@@ -68,7 +81,9 @@ _NUMBER_MARKS = re.compile(
 _DOLLAR_LIST = re.compile(r"\$\s*([,;])\s*\$")
 _DOLLAR_GAP = re.compile(r"(?<=.)\$\s+\$(?=.)")
 _CURRENCY = re.compile(r"\\\$|\\euro\b|[€£¥]|\\pounds\b")
-_DOUBLED_COMMAND = re.compile(r"\\\\(?=(?:frac|dfrac|tfrac|sqrt|left|right|boxed|text|cdot|times|pi|le|ge|infty|in)\b)")
+_DOUBLED_COMMAND = re.compile(
+    r"\\\\(?=(?:frac|dfrac|tfrac|sqrt|left|right|boxed|text|cdot|times|pi|le|ge|infty|in)\b)"
+)
 _ONE_SPAN = re.compile(r"\$([^$]+)\$")
 _SPANS = re.compile(r"^\$[^$]+\$(?:\s*(?:,|;|and|or)\s*\$[^$]+\$)+\s*\.?$")
 _TEXT_CHOICE = re.compile(r"^\\text(?:bf)?\{\s*\(?([A-Ea-e])\)?\s*\}$")
@@ -198,7 +213,9 @@ def split_equals(s: str) -> list[str]:
     return parts
 
 
-_LABEL_NOISE = re.compile(r"_\{[^{}]*\}|_[A-Za-z0-9]|\^\{?\\prime\}?|'|\\(?:left|right|mathrm|text|operatorname)")
+_LABEL_NOISE = re.compile(
+    r"_\{[^{}]*\}|_[A-Za-z0-9]|\^\{?\\prime\}?|'|\\(?:left|right|mathrm|text|operatorname)"
+)
 _RELATION_WORDS = (re.compile(r"\\approx(?![A-Za-z])"), re.compile(r"\\in(?![A-Za-z])"))
 _PAREN_NUMBER = re.compile(r"^\((-?\d+(?:\.\d+)?)\)$")
 _LABEL = re.compile(r"^[A-Za-z\\{}()|:,;\s\[\]]+$")
@@ -225,8 +242,11 @@ def reduce_relation(s: str) -> str:
         s = parts[-1]
     elif len(parts) == 2 and parts[1].strip() and is_label(parts[0]):
         s = parts[1]
-    elif len(parts) == 2 and parts[1].strip() and parts[0].strip() and not (
-        has_free_symbols(parts[0]) or has_free_symbols(parts[1])
+    elif (
+        len(parts) == 2
+        and parts[1].strip()
+        and parts[0].strip()
+        and not (has_free_symbols(parts[0]) or has_free_symbols(parts[1]))
     ):
         s = parts[1]  # a computation `3 + 4 = 7`: its result
     for word in _RELATION_WORDS:

@@ -174,7 +174,8 @@ class RLTrainer:
             golds,
             self.cfg.schema_name,
             self.cfg.grading,
-            finish_reasons=[g.finish_reason for g in gens],  # a cut-off rollout earns no correct-answer reward
+            # A rollout cut off by the token budget has no answer, so no correct-answer reward.
+            finish_reasons=[g.finish_reason for g in gens],
         )
 
         rollouts: list[Rollout] = []

@@ -27,14 +27,31 @@ def test_corpus_is_large_sourced_and_split() -> None:
     assert not {(json.dumps(c.gold), c.pred) for c in tune} & {(json.dumps(c.gold), c.pred) for c in heldout}
     for case in tune + heldout:
         source = case.source
-        assert ({"repo", "path", "commit", "case"} <= set(source)) or ({"benchmark", "file", "id"} <= set(source))
+        assert ({"repo", "path", "commit", "case"} <= set(source)) or (
+            {"benchmark", "file", "id"} <= set(source)
+        )
         assert case.option is None or case.note, f"{case.id}: a flagged case says why"
     kinds = Counter(c.kind for c in tune)
     assert kinds["answer"] >= 150 and kinds["response"] >= 150
     # every class the issue names is represented
     classes = Counter(cls for c in tune for cls in c.classes)
-    for needed in ("percent", "decimal_comma", "currency", "thousands", "multi_box", "chain", "labelled",
-                   "gold_text", "answer_line", "stray", "units", "order", "truncated", "unanswered", "garbage"):
+    for needed in (
+        "percent",
+        "decimal_comma",
+        "currency",
+        "thousands",
+        "multi_box",
+        "chain",
+        "labelled",
+        "gold_text",
+        "answer_line",
+        "stray",
+        "units",
+        "order",
+        "truncated",
+        "unanswered",
+        "garbage",
+    ):
         assert classes[needed] > 0, needed
     with pytest.raises(ValueError, match="unknown corpus split"):
         load_cases("train")

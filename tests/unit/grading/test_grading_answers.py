@@ -55,8 +55,11 @@ def test_last_boxed(text: str, expected: str | None) -> None:
         ("Final Answer: The final answer is $28 \\%$. I hope it is correct.", "28 \\%", "minerva"),
         ("Final Answer: 185\\", "185", "answer_line"),  # a stray trailing backslash
         # a Minerva sentence after the boxes wins, as in math-verify's ranking
-        ("so $\\boxed{200}$ then $\\boxed{255}$.\nFinal Answer: The final answer is $10,455$. I hope it is correct.",
-         "10,455", "minerva"),
+        (
+            "so $\\boxed{200}$ then $\\boxed{255}$.\nFinal Answer: The final answer is $10,455$. I hope it is correct.",
+            "10,455",
+            "minerva",
+        ),
         # no explicit answer: nothing, whatever the last number
         ("The total is 1,234 apples, or -0.5 of them", None, None),
         ("nothing numeric", None, None),

@@ -38,7 +38,9 @@ def _no_pool(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_judge_reads_answer_and_structure() -> None:
     j = judge(VALID, "5")
-    assert j == Judgement(pred="5", correct=True, format_score=0.0, valid=True, empty=False, answer_method="boxed")
+    assert j == Judgement(
+        pred="5", correct=True, format_score=0.0, valid=True, empty=False, answer_method="boxed"
+    )
     assert j.as_record() == {"answer_pred": "5", "correct": True, "format_score": 0.0, "valid": True}
 
     faults = judge(CONTENT_FAULTS, 5.0)
@@ -191,7 +193,9 @@ def test_accuracy_of_unanswered_and_truncated_responses_is_zero() -> None:
 def test_last_number_is_only_read_where_a_profile_opts_in() -> None:
     guess = "Let me list the cases: 1, 2, 3, 4, 5"
     assert not judge(guess, "5").correct
-    opted_in = GradingConfig.model_validate({"extraction": {"evaluation": {"fallbacks": ["answer_line", "last_number"]}}})
+    opted_in = GradingConfig.model_validate(
+        {"extraction": {"evaluation": {"fallbacks": ["answer_line", "last_number"]}}}
+    )
     assert judge(guess, "5", cfg=opted_in).correct  # the opt-in does what it says ...
     assert not judge(guess, "5", cfg=opted_in, purpose="reward").correct  # ... for that purpose only
     # ... and still never for a truncated response
