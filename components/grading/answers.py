@@ -4,8 +4,8 @@ The order follows math-verify's ranking of answer forms, restricted to answers t
 
 1. **explicit final answers**, always read: the last run of complete boxes (``\\boxed``, ``\\fbox``,
    ``\\framebox``; boxes separated only by connectors such as ``,``/``and``/``\\quad``/a label ``q =`` are one
-   answer, ``\\boxed{1}`` and ``\\boxed{-2}`` -> ``1, -2``; a union sign between them is kept), and Minerva's
-   sentence "The final answer is X. I hope it is correct."; the one that ends later wins;
+   answer, ``\\boxed{1}`` and ``\\boxed{-2}`` -> ``1, -2``; a union sign between them is kept), and the
+   sentence "The final answer is X" (Minerva's "... I hope it is correct."); the one that ends later wins;
 2. the purpose's ``fallbacks`` in order: ``answer_line`` (the last ``Final Answer:`` / ``Answer:`` label, a
    bare ``**Final Answer**`` heading, or "the answer is ..."), ``last_number`` (the last number anywhere: a
    guess, never an explicit answer, so no shipped profile enables it for rewards or evaluation).
@@ -39,8 +39,9 @@ MAX_ANSWER_LINE = 2000
 
 # A box command (not followed by a letter, so `\boxedx` is not one), an escaped brace (skipped) or a brace.
 _BOX_OR_BRACE = re.compile(r"\\(?:boxed|fbox|framebox)(?![A-Za-z])|\\[{}]|[{}]")
-# Minerva's answer sentence (lm-eval's minerva_math prompt; math-verify ranks it with boxes).
-_MINERVA = re.compile(r"(?i)final\s+answer\s+is\s*:?\s*([^\n]{0,400}?)\s*\.?\s*I\s+hope\s+it\s+is\s+correct")
+# "The final answer is X" (Minerva's sentence in lm-eval's minerva_math prompt, "I hope it is correct."
+# optional): math-verify ranks it with boxes, the later of the two winning.
+_MINERVA = re.compile(r"(?i)\bfinal\s+answer\s+is\b\s*:?\s*([^\n]{1,400})")
 _MINERVA_PREFIX = re.compile(r"(?i)^\s*(?:the\s+)?final\s+answer\s+is\s*:?\s*")
 _QUOTES = re.compile(r'^(?:\\?["“”])+|(?:\\?["“”])+$')
 _HOPE = re.compile(r"(?i)\.?\s*i\s+hope\s+it\s+is\s+correct")
@@ -169,8 +170,8 @@ def _scan_boxes(text: str) -> tuple[list[_Box], int]:
         else:
             pending, pending_end = m.start(), m.end()
     unclosed = next((start for start, _ in reversed(stack) if start >= 0), -1)
-    if pending >= 0 and unclosed < pending:
-        unclosed = pending  # a box command at the very end, its brace never written
+    if pending >= 0 and unclosed < pending and not text[pending_end:].strip():
+        unclosed = pending  # the response ends on a box command: its brace was never written
     return boxes, unclosed
 
 

@@ -17,8 +17,8 @@ class ExtractionConfig(StrictModel):
     """How the final answer is read from a response for one purpose (see ``answers.extract_final``).
 
     A complete ``\\boxed{}`` (or ``\\fbox``/``\\framebox``; consecutive boxes joined into one answer) and
-    Minerva's sentence "The final answer is X. I hope it is correct." are always read, the later of the two
-    winning, as math-verify ranks them. ``fallbacks`` are tried in order only when neither is present:
+    the sentence "The final answer is X" (Minerva's, "I hope it is correct." optional) are always read, the
+    later of the two winning, as math-verify ranks them. ``fallbacks`` are tried in order only when neither is present:
     ``answer_line`` (the last ``Final Answer:`` / ``Answer:`` label or "the answer is ..."),
     ``last_number`` (the last number anywhere: a guess, never an explicit answer; opt in per profile).
     ``require_complete``: a truncated response (finish reason other than ``stop``, or a box opened after the

@@ -118,6 +118,11 @@ def test_truncated_responses_have_no_answer(text: str, finish_reason: str | None
     assert extract_final(text, lenient, finish_reason).truncated is False
 
 
+def test_a_box_command_without_braces_mid_text_is_not_a_truncation() -> None:
+    text = "We will write the result with \\boxed later. The sum is $\\boxed{7}$."
+    assert extract_final(text, STRICT, "stop")[:2] == ("7", "boxed")
+
+
 def test_complete_responses_and_purposes() -> None:
     assert extract_final("The answer is $\\boxed{42}$.", STRICT, "stop")[:2] == ("42", "boxed")
     assert extract_final("The answer is $\\boxed{42}$.", STRICT, None)[:2] == ("42", "boxed")
