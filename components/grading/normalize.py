@@ -332,6 +332,7 @@ def read_number(normalized: str) -> Fraction | None:
 
 
 _COMMAND = re.compile(r"\\[A-Za-z]+")
+_ENVIRONMENT = re.compile(r"\\(?:begin|end)\{[A-Za-z*]+\}")  # `\begin{vmatrix}`: a name, not variables
 # Function and constant names written without a backslash, and the letters sympy reads as constants.
 _NOT_VARIABLES = re.compile(r"sqrt|sin|cos|tan|cot|sec|csc|log|ln|exp|pi|inf|oo|[eEiI](?![A-Za-z])")
 _LETTER = re.compile(r"[A-Za-z]")
@@ -344,7 +345,8 @@ def has_free_symbols(normalized: str) -> bool:
     Used to decide "plain number vs an expression in variables" as unequal without math-verify: such a
     pair can only be equal through an assignment (``x=3``), which normalisation has already removed.
     """
-    return _LETTER.search(_NOT_VARIABLES.sub("", _COMMAND.sub("", normalized))) is not None
+    stripped = _COMMAND.sub("", _ENVIRONMENT.sub("", normalized))
+    return _LETTER.search(_NOT_VARIABLES.sub("", stripped)) is not None
 
 
 def numbers_equal(a: Fraction, b: Fraction, rel_tol: float) -> bool:
@@ -356,13 +358,18 @@ def numbers_equal(a: Fraction, b: Fraction, rel_tol: float) -> bool:
     return math.isclose(float(a), float(b), rel_tol=rel_tol, abs_tol=0.0)
 
 
+_ANSWER_WORD = re.compile(r"(?i)\banswer\b")
+
+
 def _answer_in_gold_text(text: str) -> str:
-    """A gold that is a solution text (a box, or Minerva's answer sentence, inside it) -> that answer."""
-    if "\\boxed" not in text and "\\fbox" not in text and "\\framebox" not in text and len(text) < 80:
+    """A gold that is a solution text (a box, an answer label or Minerva's sentence inside it) -> that answer."""
+    boxed = "\\boxed" in text or "\\fbox" in text or "\\framebox" in text
+    labelled = _ANSWER_WORD.search(text) is not None
+    if not (boxed or labelled or len(text) >= 80):
         return text
     from components.grading.answers import extract_answer  # answers imports config only; no cycle
 
-    found = extract_answer(text, ["answer_line"] if len(text) >= 80 else [])
+    found = extract_answer(text, ["answer_line"] if (labelled or len(text) >= 80) else [])
     return found if found else text
 
 

@@ -121,6 +121,13 @@ def test_gold_candidates_handle_every_benchmark_type() -> None:
     assert gold_candidates(" \\frac{3}{2} ") == ("\\frac{3}{2}",)
     assert gold_candidates(["3.89e-10\n", "3.89e-10"]) == ("3.89e-10",)
     assert gold_candidates(np.array(["1", "2"], dtype=object)) == ("1", "2")
+    # a gold written as a solution text stands for the answer it states
+    assert gold_candidates("The correct result is \\boxed{42}") == ("42",)
+    assert gold_candidates("answer is 0.25 + 3") == ("0.25 + 3",)
+    solution = (
+        "Adding the two cases gives the total, and nothing else is possible. " * 2 + "So it is $\\boxed{7}$."
+    )
+    assert gold_candidates(solution) == ("7",)
     for bad in (None, [], "  ", [None], True, float("nan"), {"a": 1}):
         with pytest.raises(ValueError):
             gold_candidates(bad)
@@ -153,6 +160,11 @@ def test_gold_candidates_handle_every_benchmark_type() -> None:
         ("6, 31, -1", "(6,31,-1)", Verdict(True, "list")),  # boxes joined in order read as the tuple
         ("(4,3]", "(3,4]", Verdict(False, "list")),  # an interval reversed
         ("x=-5, p=\\frac{14}{3}", "-5, \\frac{14}{3}", Verdict(True, "list")),
+        (
+            "$\\begin{vmatrix} 2 & 1 \\\\ 1 & 2 \\end{vmatrix} = 3$",
+            "3",
+            Verdict(True, "exact"),
+        ),  # a computation
         ("  ", "3", Verdict(False, "no_answer")),
         ("12", "(-\\frac{1}{2}, \\frac{7}{2})", Verdict(False, "number_vs_expression")),
         ("81", "\\frac{2 \\pi c^{2}}{\\lambda^{5}}", Verdict(False, "number_vs_expression")),
