@@ -50,6 +50,9 @@ class VerlSettings(StrictModel):
     max_prompt_length: int = Field(2048, ge=16)
     train_prompt_mini_batch: int = Field(1, ge=1)  # prompts per optimizer step (x group_size responses)
     micro_batch_size_per_gpu: int = Field(1, ge=1)
+    # Sequences per forward of the log-prob passes (old/ref log-probs); verl requires it when
+    # use_dynamic_bsz is false. None = micro_batch_size_per_gpu.
+    log_prob_micro_batch_size_per_gpu: int | None = Field(None, ge=1)
     use_dynamic_bsz: bool = True
     max_token_len_per_gpu: int = Field(32768, ge=1024)
     ulysses_sp: int = Field(1, ge=1)
@@ -57,11 +60,26 @@ class VerlSettings(StrictModel):
     param_offload: bool = True
     optimizer_offload: bool = True
     gradient_checkpointing: bool = True
-    use_remove_padding: bool = True
+    # verl's packed (remove-padding) forward; None = the actor's choice: on for the stock actor (DAPO
+    # stages), off for PAPO's NPR actor, whose 4D parallel mask verl would drop when packing.
+    use_remove_padding: bool | None = None
     val_n: int = Field(8, ge=1)
     val_top_p: float = Field(0.7, gt=0, le=1)
     total_epochs: int = Field(1, ge=1)
     ray_address: str = "http://127.0.0.1:8265"
+
+
+class RolloutCorrectionConfig(StrictModel):
+    """PAPO's correction of tokens sampled after a re-prefilled merge (``components.training.papo``).
+
+    A backend that merges branches by re-prefilling them (SGLang, verl's server manager) samples every token
+    after the first multi-branch merge from a context the trainer does not reproduce; those tokens get the
+    truncated importance weight ``min(exp(logp_trainer - logp_rollout), is_threshold)`` (verl's TIS with
+    ``rollout_is_threshold`` = ``is_threshold``). Exact (shared-KV) merges are never reweighted.
+    """
+
+    post_merge_is: bool = True
+    is_threshold: float = Field(2.0, ge=1.0)
 
 
 class RLStageConfig(StrictModel):
@@ -71,6 +89,10 @@ class RLStageConfig(StrictModel):
     algorithm: Literal["dapo", "papo"] = "dapo"
     reward: Literal["stage1", "stage3"] = "stage1"
     engine_mode: Literal["sequential", "parallel"] = "sequential"
+    # How the local trainer's torch engine continues after a parallel block: shared_kv (exact) or
+    # reprefill (the branches re-read as text, what an SGLang server does; its post-merge tokens then get
+    # rollout_correction's weights). A verl job always re-prefills (its rollouts come from SGLang).
+    merge_mode: Literal["shared_kv", "reprefill"] = "shared_kv"
     # Which instruction the prompt carries (prompts.parallel_instruction or prompts.sequential_instruction).
     prompt_style: Literal["parallel", "sequential"] = "parallel"
     # Drop rollouts whose parallel structure the canonical mask builder rejects (PAPO), counted not scored.
@@ -120,4 +142,5 @@ class RLStageConfig(StrictModel):
     eval_top_p: float = Field(1.0, gt=0, le=1)
     save_every: int = Field(20, ge=1)
     seed: int = Field(0, ge=0)
+    rollout_correction: RolloutCorrectionConfig = RolloutCorrectionConfig()
     verl: VerlSettings = VerlSettings()

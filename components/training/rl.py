@@ -46,6 +46,7 @@ from components.parallel import TagIds, parse_text, trace_metrics
 from components.prompts import render_prompt
 from components.training.checkpoint import TrainingState, latest_checkpoint, load_checkpoint, save_checkpoint
 from components.training.dapo import DynamicSampler, DynamicSamplingStats, overlong_penalty
+from components.training.papo import post_merge_is_weights, post_merge_mask
 from components.training.rl_batch import (
     Rollout,
     build_policy_batch,
@@ -138,6 +139,7 @@ class RLTrainer:
             batch_size=max(1, self.sc.prompts_per_step * self.sc.group_size),
             step_repetition_penalty=1.0,
             seed=seed,
+            merge_mode=self.sc.merge_mode,
         )
 
     def _prompt(self, problem: dict[str, Any]) -> str:
@@ -190,7 +192,13 @@ class RLTrainer:
                     correct=res.correct,
                     valid=res.valid,
                     format_score=res.format_score,
-                    extra={"filtered_by_reward": res.filtered},
+                    extra={
+                        "filtered_by_reward": res.filtered,
+                        # what PAPO's post-merge correction reads (rollout_correction): the log-probs the
+                        # tokens were sampled with, and whether the merges were re-prefilled
+                        "rollout_logprobs": list(gen.logprobs) + ([gen.stop_logprob] if stop else []),
+                        "merge_mode": gen.merge_mode,
+                    },
                 )
             )
             counters["generated_tokens"] += len(gen.token_ids)
@@ -289,8 +297,9 @@ class RLTrainer:
                 )
                 old = old_log_probs.get((k, m), log_prob.detach())
                 adv = advantages[idx][:, : log_prob.shape[1]]
+                weights = self._post_merge_weights([rollouts[i] for i in idx], log_prob, batch, counters)
                 loss, loss_metrics = compute_policy_loss(
-                    self.sc.algorithm, old, log_prob, adv, batch.response_mask, self.actor_cfg
+                    self.sc.algorithm, old, log_prob, adv, batch.response_mask, self.actor_cfg, weights
                 )
                 loss.backward()
                 share = float(batch.response_mask.sum()) / n_tokens
@@ -321,6 +330,38 @@ class RLTrainer:
             "actor/lr": float(self.scheduler.get_last_lr()[0]),
             "actor/optimizer_steps": float(len(micro_of)),
         }
+
+    def _post_merge_weights(
+        self, rollouts: list[Rollout], log_prob: torch.Tensor, batch: Any, counters: Counter
+    ) -> torch.Tensor | None:
+        """PAPO's truncated importance weights on tokens sampled after a re-prefilled merge
+        (``papo.post_merge_is_weights``), or None when no rollout of the micro-batch needs them.
+
+        Rollouts merged in the shared KV (the torch engine's default) are exact and never reweighted; the
+        mismatch metrics of the reweighted ones are summed into ``counters`` (means in the step metrics).
+        """
+        rc = self.sc.rollout_correction
+        if self.sc.algorithm != "papo" or not rc.post_merge_is or self.tags is None:
+            return None
+        reprefilled = [r.extra.get("merge_mode") == "reprefill" for r in rollouts]
+        if not any(reprefilled):
+            return None
+        rollout_lp = torch.full_like(log_prob, float("nan"))
+        merged = torch.zeros(log_prob.shape, dtype=torch.bool)
+        for b, (r, redo) in enumerate(zip(rollouts, reprefilled, strict=True)):
+            if not redo:
+                continue
+            lps = torch.tensor(r.extra["rollout_logprobs"], dtype=torch.float32)
+            rollout_lp[b, : lps.numel()] = lps.to(log_prob.device)
+            mask = post_merge_mask(r.prompt_ids + r.response_ids, self.tags, len(r.prompt_ids))
+            merged[b, : mask.size] = torch.from_numpy(mask)
+        weights, metrics = post_merge_is_weights(
+            log_prob, rollout_lp, batch.response_mask, merged, rc.is_threshold
+        )
+        counters["rollout_corr/micro_batches"] += 1
+        for key, value in metrics.items():
+            counters[key] += value
+        return weights
 
     # ----------------------------------------------------------------------------------- evaluation
     def _is_parallel(self, text: str) -> bool:
@@ -427,6 +468,15 @@ class RLTrainer:
             "timing_s/update": round(c["update_time_s"], 3),
         }
         out.update(ds.as_metrics("dynamic_sampling"))
+        if c["rollout_corr/micro_batches"]:
+            n_corr = c["rollout_corr/micro_batches"]
+            out.update(
+                {
+                    k: float(v) / n_corr
+                    for k, v in c.items()
+                    if k.startswith("rollout_corr/") and k != "rollout_corr/micro_batches"
+                }
+            )
         out.update({f"rollout/{k}": float(v) for k, v in c.items() if k.startswith("rejected/")})
         if c["steps_without_update"]:
             out["train/steps_without_update"] = float(c["steps_without_update"])

@@ -106,10 +106,12 @@ def compute_policy_loss(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     config: ActorConfig,
+    rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """Scalar loss and verl's loss metrics, from verl's registered policy loss for ``algorithm``.
 
-    All tensors are ``(bs, R)``; ``log_prob`` carries the gradient.
+    All tensors are ``(bs, R)``; ``log_prob`` carries the gradient. ``rollout_is_weights`` are verl's
+    per-token importance weights (PAPO's post-merge correction, ``papo.post_merge_is_weights``).
     """
     _, loss_mode = verl_names(algorithm)
     return get_policy_loss_fn(loss_mode)(
@@ -119,5 +121,5 @@ def compute_policy_loss(
         response_mask.to(log_prob.dtype),
         config.loss_agg_mode,
         config,
-        None,
+        rollout_is_weights,
     )
