@@ -11,7 +11,9 @@ both (``merge_mode``), so on one checkpoint, the same prompts and the same seed 
    ``shared_kv``; the approximation in ``reprefill``), mean and p99;
 2. the distribution of the truncated weight ``min(exp(log p_trainer - log p_rollout), C)`` the PAPO loss
    gives post-merge tokens (``components.training.papo.post_merge_is_weights``);
-3. a short local PAPO run from the checkpoint in each mode (same seed, steps and data), the re-prefill one
+3. what the sampled responses score in each mode (the same prompts and seed: identical up to the first
+   merge): correct-and-valid, accuracy, format-valid (``components.grading.judge``);
+4. a short local PAPO run from the checkpoint in each mode (same seed, steps and data), the re-prefill one
    with that correction: reward, held-out accuracy, and the correction's own metrics.
 
     .venv/bin/python benchmarks/bench_merge.py [--checkpoint artifacts/parallel_warmup/model] \\
@@ -219,8 +221,11 @@ def main() -> None:
     threshold = args.threshold or cfg.papo_rl.rollout_correction.is_threshold
     model, tokenizer = load_model(args.checkpoint, cfg.models, cfg.run)
     tags = TagIds.from_tokenizer(tokenizer, cfg.schema_name)
-    prompts, _ = _prompts(cfg, tokenizer, args.problems, args.n, args.seed)
+    from components.grading.judge import judge_many, summarize
+
+    prompts, problems = _prompts(cfg, tokenizer, args.problems, args.n, args.seed)
     prompts = [p for p in prompts for _ in range(args.samples)]
+    golds = [str(p["answer"]) for p in problems for _ in range(args.samples)]
     sc = cfg.papo_rl
     results: dict[str, Any] = {
         "checkpoint": str(args.checkpoint),
@@ -243,6 +248,8 @@ def main() -> None:
         wall = time.perf_counter() - start
         stats = token_deviations(model, tokenizer, tags, gens, threshold)
         stats["decode_s"] = wall
+        scores = summarize(judge_many([g.text for g in gens], golds, cfg.schema_name, cfg.grading))
+        stats["scores"] = {k: scores[k] for k in ("correct_and_valid", "accuracy", "format_valid")}
         results[mode] = stats
     if args.papo_steps > 0:
         results["papo"] = {
@@ -267,6 +274,12 @@ def _print(r: dict[str, Any]) -> None:
                 f"{mode:<10} {m['merged_rate']:>7.2f} {cls:<11} {m['tokens'][cls]:>7} "
                 f"{s['mean']:>13.2e} {s['p99']:>9.2e} {s['max']:>9.2e}"
             )
+    for mode in ("shared_kv", "reprefill"):
+        sc = r[mode]["scores"]
+        print(
+            f"{mode:<10} responses: correct-and-valid {sc['correct_and_valid']:.3f}, accuracy "
+            f"{sc['accuracy']:.3f}, format-valid {sc['format_valid']:.3f}"
+        )
     w = r["reprefill"]["weights"]
     q = w["quantiles"]
     print(
