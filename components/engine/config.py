@@ -12,15 +12,19 @@ from components.settings import StrictModel
 class GenerationConfig(StrictModel):
     """Sampling settings shared by every engine backend.
 
-    ``mode="parallel"`` makes the torch engine fork at ``</guideline>`` (one branch per plan, at most
-    ``max_branches``, nesting at most ``max_depth``); ``"sequential"`` decodes one stream with plain causal
-    visibility. ``temperature=0`` is greedy. ``top_k=-1`` disables top-k.
+    ``mode="parallel"`` makes the engine (every backend: the decisions are ``components.engine.controller``'s)
+    fork at the schema's trigger, ``</guideline>`` (one branch per plan, at most ``max_branches``, nesting at
+    most ``max_depth``); ``"sequential"`` decodes one stream with plain causal visibility.
+    ``temperature=0`` is greedy. ``top_k=-1`` disables top-k.
 
     Budgets: ``max_new_tokens`` bounds the tokens generated across ALL branches of a response (a fork is
     refused unless every branch can write ``min_step_tokens`` content tokens plus its tags, and the
     ``<takeaway>``); ``kv_budget_tokens`` bounds the KV entries one sequence may hold (prompt + response);
     a fork that would cross it is refused and a sequence that reaches it finishes with reason
-    ``kv_budget``. ``max_step_tokens`` closes a runaway branch with a forced ``</step>``.
+    ``kv_budget`` (in the torch engine's ``reprefill`` mode the hidden branch slots are not counted).
+    ``max_step_tokens`` closes a runaway branch with a forced ``</step>``. ``step_repetition_penalty``
+    applies inside steps; SGLang returns the log-probs of the penalised distribution, the torch engine
+    those of the model's own.
 
     Backends (docs/architecture.md "Engine"): ``torch`` decodes in this process; ``sglang`` sends the
     controller's requests to an SGLang server's native ``/generate`` API, at most ``batch_size`` in flight.

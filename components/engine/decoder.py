@@ -104,7 +104,6 @@ class Decoder:
         self.pad_id = pad if pad is not None else self.stop_ids[0]
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
-        self.last_cache: Any = None  # the cache of the last batch (tests read its capacity)
 
     # ------------------------------------------------------------------ public
     @torch.no_grad()
@@ -131,7 +130,6 @@ class Decoder:
         if live:
             width = max(len(r.ctl.prompt_ids) for r in live)
             cache = growing_cache(self.model, width + min(self.cfg.max_new_tokens, INITIAL_DECODE_SLOTS) + 1)
-            self.last_cache = cache
             owners, logits = self._prefill(live, cache)
             first = []
             for k, r in enumerate(live):

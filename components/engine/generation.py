@@ -82,9 +82,11 @@ class Generation:
 
     @property
     def post_merge_mask(self) -> list[bool]:
-        """True for the tokens from the first merged block's end on (its ``<takeaway>`` and after): the
-        tokens a ``reprefill`` backend sampled from re-read branches (in ``shared_kv`` mode: exact)."""
-        first = next((b for b in self.blocks if b.merged), None)
+        """True for the tokens from the first merged block of two or more branches on (its ``<takeaway>``
+        and after): the tokens a ``reprefill`` backend sampled from re-read branches (exact in
+        ``shared_kv`` mode). A one-branch block re-reads exactly (same visibility and positions), so it
+        does not count; the trainer's rule is the same (``components.training.papo.post_merge_mask``)."""
+        first = next((b for b in self.blocks if b.merged and b.n_branches >= 2), None)
         if first is None:
             return [False] * len(self.token_ids)
         end = first.start + sum(first.branch_tokens)

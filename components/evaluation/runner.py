@@ -6,6 +6,13 @@ problem with the engine (parallel mode for parallel checkpoints), grade them, me
 token ids (``components.structure.trace_metrics``), and time the decode. Benchmarks small enough to share one
 engine batch are decoded in one call (``decode_groups``). For a parallel checkpoint the same prompts are
 decoded again in sequential mode to measure the achieved speedup.
+
+With ``evaluate.generation.backend: sglang`` (the GPU profile) every checkpoint is decoded by a fresh SGLang
+server for that checkpoint (``components.ops.sglang_server.serving``, stopped afterwards), parallel ones
+through the SGLang backend's fork/merge, so tokens/s and the speedup are the served engine's; before any
+server starts, every prompt of every checkpoint is checked to fit the server's context length with
+``max_new_tokens``. Given a ``work_dir`` (the stage's), each finished checkpoint is kept there and a
+rerun after a failure (a server error, a crash) evaluates only the checkpoints not finished yet.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import logging
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,7 +28,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Literal
 
-from components.artifacts import write_shards
+from components.artifacts import read_jsonl, write_jsonl, write_shards
 from components.evaluation.config import BenchmarkSpec, EvaluateConfig
 from components.evaluation.metrics import achieved_speedup, ideal_speedup, summarize_records
 
@@ -28,8 +36,19 @@ log = logging.getLogger(__name__)
 
 Mode = Literal["parallel", "sequential"]
 # GenerationConfig fields that do not change what is sampled (or, for the backend, are recorded as engine
-# version instead), so they are left out of the settings a baseline pins.
-DEPLOYMENT_SETTINGS = ("mode", "batch_size", "backend", "server_url", "request_timeout_s")
+# version instead), so they are left out of the settings a baseline pins. merge_mode is pinned: a
+# re-prefilled merge samples from another context than the exact one.
+DEPLOYMENT_SETTINGS = (
+    "mode",
+    "batch_size",
+    "backend",
+    "server",
+    "server_spec",
+    "server_args",
+    "server_url",
+    "request_timeout_s",
+    "server_start_timeout_s",
+)
 
 
 @dataclass(frozen=True)
@@ -302,13 +321,89 @@ def _throughput(benches: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
     return out
 
 
+def _with_generation(cfg: Any, gen_cfg: Any) -> Any:
+    """``cfg`` with ``evaluate.generation`` replaced (a served checkpoint's URL)."""
+    return cfg.model_copy(update={"evaluate": cfg.evaluate.model_copy(update={"generation": gen_cfg})})
+
+
+def check_served_context(
+    cfg: Any,
+    checkpoints: Sequence[CheckpointSpec],
+    benchmarks: Sequence[BenchmarkSpec],
+    problems: Mapping[str, Sequence[Mapping[str, Any]]],
+) -> int:
+    """Before any work: the longest prompt of every checkpoint + ``max_new_tokens`` must fit the server's
+    context length; returns the longest prompt's tokens."""
+    from components.models.loading import load_tokenizer
+    from components.ops.sglang_server import check_context_length, context_length_for
+    from components.prompts import render_prompt
+
+    gen = cfg.evaluate.generation
+    longest = 0
+    for ckpt in checkpoints:
+        tok = load_tokenizer(ckpt.path)
+        for spec in benchmarks:
+            for p in problems[spec.name]:
+                text = render_prompt(tok, p["problem"], cfg.prompts, ckpt.prompt_style)
+                longest = max(longest, len(tok.encode(text, add_special_tokens=False)))
+    check_context_length(context_length_for(gen), longest, gen.max_new_tokens, "evaluate")
+    return longest
+
+
+def _finished_dir(work_dir: Path | None, ckpt: CheckpointSpec) -> Path | None:
+    return None if work_dir is None else Path(work_dir) / "checkpoints" / ckpt.name
+
+
+def _load_finished(
+    work_dir: Path | None, ckpt: CheckpointSpec, digest: str
+) -> tuple[dict, dict, dict] | None:
+    """A checkpoint's metrics and records kept by an earlier, interrupted run (same checkpoint bytes)."""
+    d = _finished_dir(work_dir, ckpt)
+    if d is None or not (d / "metrics.json").is_file():
+        return None
+    import json
+
+    metrics = json.loads((d / "metrics.json").read_text())
+    if metrics.get("checkpoint_hash") != digest or metrics.get("mode") != ckpt.mode:
+        return None
+    records: dict[str, list[dict[str, Any]]] = {}
+    sequential: dict[str, list[dict[str, Any]]] = {}
+    for rec in read_jsonl(d / "records.jsonl"):
+        records.setdefault(rec["benchmark"], []).append(rec)
+    if (d / "sequential.jsonl").is_file():
+        for rec in read_jsonl(d / "sequential.jsonl"):
+            sequential.setdefault(rec["benchmark"], []).append(rec)
+    return metrics, records, sequential
+
+
+def _keep_finished(
+    work_dir: Path | None, ckpt: CheckpointSpec, metrics: dict, records: dict, sequential: dict
+) -> None:
+    d = _finished_dir(work_dir, ckpt)
+    if d is None:
+        return
+    import json
+
+    d.mkdir(parents=True, exist_ok=True)
+    write_jsonl(d / "records.jsonl", [r for recs in records.values() for r in recs])
+    write_jsonl(d / "sequential.jsonl", [r for recs in sequential.values() for r in recs])
+    tmp = d / "metrics.json.tmp"
+    tmp.write_text(json.dumps(metrics))
+    tmp.replace(d / "metrics.json")  # written last: its presence marks the checkpoint finished
+
+
 def evaluate_checkpoints(
     cfg: Any,
     checkpoints: Sequence[CheckpointSpec],
     benchmarks: Sequence[BenchmarkSpec],
     problems_dir: Path | None,
+    work_dir: Path | None = None,
 ) -> EvalResult:
-    """Evaluate every checkpoint on every benchmark; the one code path behind every evaluation number."""
+    """Evaluate every checkpoint on every benchmark; the one code path behind every evaluation number.
+
+    ``work_dir``: where finished checkpoints are kept so a rerun resumes (and a launched SGLang server
+    writes its log); None keeps nothing.
+    """
     from components.prompts import prompt_fingerprint
 
     ecfg: EvaluateConfig = cfg.evaluate
@@ -328,14 +423,19 @@ def evaluate_checkpoints(
             "checkpoints": {},
         }
     )
+    served = ecfg.generation.backend == "sglang"
+    if served:
+        check_served_context(cfg, checkpoints, benchmarks, problems)
     from components.progress import track
 
     groups = len(decode_groups(benchmarks, {s.name: len(problems[s.name]) for s in benchmarks},
                                ecfg.generation.batch_size))  # fmt: skip
-    passes = sum(2 if c.mode == "parallel" and ecfg.measure_speedup else 1 for c in checkpoints)
-    with track("evaluate", total=groups * passes, unit="decode batches") as progress:
+    passes = {c.name: 2 if c.mode == "parallel" and ecfg.measure_speedup else 1 for c in checkpoints}
+    with track("evaluate", total=groups * sum(passes.values()), unit="decode batches") as progress:
         for ckpt in checkpoints:
-            _evaluate_one(cfg, ckpt, benchmarks, problems, result, progress)
+            _evaluate_one(
+                cfg, ckpt, benchmarks, problems, result, progress, work_dir, served, passes[ckpt.name], groups
+            )
     result.metrics["n_records"] = sum(len(r) for b in result.records.values() for r in b.values())
     return result
 
@@ -347,19 +447,42 @@ def _evaluate_one(
     problems: Mapping[str, Sequence[Mapping[str, Any]]],
     result: EvalResult,
     progress: Any,
+    work_dir: Path | None,
+    served: bool,
+    passes: int,
+    groups: int,
 ) -> None:
-    """One checkpoint on every benchmark (and re-decoded sequentially for the speedup) into ``result``."""
-    from components.models.loading import load_model
+    """One checkpoint on every benchmark (and re-decoded sequentially for the speedup) into ``result``;
+    a checkpoint finished by an earlier run is read back from ``work_dir`` instead (its ``passes`` x
+    ``groups`` decode batches are then counted done at once)."""
+    from components.models.loading import load_model, load_tokenizer
 
     ecfg: EvaluateConfig = cfg.evaluate
-    model, tokenizer = load_model(ckpt.path, cfg.models, cfg.run)
-    tags = _tags_for(tokenizer, cfg.schema_name, ckpt.mode)
+    digest = checkpoint_hash(ckpt.path)
+    kept = _load_finished(work_dir, ckpt, digest)
+    if kept is not None:
+        log.info("%s: kept from an earlier run (%s)", ckpt.name, digest)
+        result.metrics["checkpoints"][ckpt.name], result.records[ckpt.name], seq_kept = kept
+        if seq_kept:
+            result.sequential_records[ckpt.name] = seq_kept
+        progress.advance(passes * groups)
+        return
+    if served:
+        from components.ops.sglang_server import serving
+
+        model, tokenizer = None, load_tokenizer(ckpt.path)
+        log_dir = (
+            Path(work_dir) / "server-logs" if work_dir is not None else Path(tempfile.mkdtemp("-sglang"))
+        )
+        with serving(ckpt.path, ecfg.generation, log_dir) as live:
+            decoded, sequential = _decode_checkpoint(
+                _with_generation(cfg, live), ckpt, model, tokenizer, problems, benchmarks, progress
+            )
+    else:
+        model, tokenizer = load_model(ckpt.path, cfg.models, cfg.run)
+        decoded, sequential = _decode_checkpoint(cfg, ckpt, model, tokenizer, problems, benchmarks, progress)
     benches: dict[str, dict[str, Any]] = {}
     result.records[ckpt.name] = {}
-    args = (model, tokenizer, tags, problems, benchmarks, cfg, ckpt.name)
-    decoded = evaluate_benchmarks(*args, ckpt.mode, ckpt.prompt_style, progress)
-    speedup = ckpt.mode == "parallel" and ecfg.measure_speedup
-    sequential = evaluate_benchmarks(*args, "sequential", ckpt.prompt_style, progress) if speedup else {}
     for spec in benchmarks:
         records, wall = decoded[spec.name]
         metrics = summarize_records(records, spec.k, wall)
@@ -388,13 +511,38 @@ def _evaluate_one(
         "mode": ckpt.mode,
         "prompt_style": ckpt.prompt_style,
         "path": str(ckpt.path),
-        "checkpoint_hash": checkpoint_hash(ckpt.path),
+        "checkpoint_hash": digest,
         "benchmarks": benches,
         "average_accuracy": sum(m["accuracy"] for m in benches.values()) / len(benches),
         "throughput": _throughput(benches),
     }
+    _keep_finished(
+        work_dir,
+        ckpt,
+        result.metrics["checkpoints"][ckpt.name],
+        result.records[ckpt.name],
+        result.sequential_records.get(ckpt.name, {}),
+    )
     del model
     gc.collect()
+
+
+def _decode_checkpoint(
+    cfg: Any,
+    ckpt: CheckpointSpec,
+    model: Any,
+    tokenizer: Any,
+    problems: Mapping[str, Sequence[Mapping[str, Any]]],
+    benchmarks: Sequence[BenchmarkSpec],
+    progress: Any = None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One checkpoint's decodes: in its own mode, and (parallel, ``measure_speedup``) sequentially again."""
+    tags = _tags_for(tokenizer, cfg.schema_name, ckpt.mode)
+    args = (model, tokenizer, tags, problems, benchmarks, cfg, ckpt.name)
+    decoded = evaluate_benchmarks(*args, ckpt.mode, ckpt.prompt_style, progress)
+    speedup = ckpt.mode == "parallel" and cfg.evaluate.measure_speedup
+    sequential = evaluate_benchmarks(*args, "sequential", ckpt.prompt_style, progress) if speedup else {}
+    return decoded, sequential
 
 
 def write_records(result: EvalResult, records_dir: Path, n_shards: int) -> int:

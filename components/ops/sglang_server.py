@@ -15,6 +15,10 @@
 
 ``check_context_length`` is the static check both run before any work: every prompt plus
 ``max_new_tokens`` must fit the server's context length (SGLang rejects the request otherwise).
+
+While a launched server runs, SIGTERM to the stage (a task timeout, ``kill``) raises ``SystemExit`` in the
+main thread instead of ending the process on the spot, so the server is stopped too rather than left
+holding its GPUs.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -173,6 +178,23 @@ def stop(proc: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:
 
 
 @contextmanager
+def _sigterm_unwinds() -> Iterator[None]:
+    """In the main thread: SIGTERM raises SystemExit(143) (so ``finally`` blocks run) inside the block."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _raise(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, _raise)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
+@contextmanager
 def launched(
     model_dir: Path | str,
     gen_cfg: Any,
@@ -192,18 +214,19 @@ def launched(
     log = log_dir / f"sglang-{Path(model_dir).parent.name or 'model'}-{port}.log"
     server_env = {**os.environ, **{k: str(v) for k, v in (spec.get("env") or {}).items()}, **(env or {})}
     url = f"http://127.0.0.1:{port}"
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(
-            argv, stdout=out, stderr=subprocess.STDOUT, env=server_env, start_new_session=True
-        )
-    try:
-        wait_healthy(url, gen_cfg.server_start_timeout_s, proc, log)
-        served = served_model(url)
-        if not _same_model(served, model_dir):
-            raise SGLangServerError(f"the server at {url} serves {served}, not {model_dir}")
-        yield url
-    finally:
-        stop(proc)
+    with _sigterm_unwinds():
+        with open(log, "ab") as out:
+            proc = subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, env=server_env, start_new_session=True
+            )
+        try:
+            wait_healthy(url, gen_cfg.server_start_timeout_s, proc, log)
+            served = served_model(url)
+            if not _same_model(served, model_dir):
+                raise SGLangServerError(f"the server at {url} serves {served}, not {model_dir}")
+            yield url
+        finally:
+            stop(proc)
 
 
 @contextmanager

@@ -41,8 +41,10 @@ def run(cfg: Any, io: StageIO) -> dict[str, Any]:
         )
         for name in ecfg.checkpoints
     ]
-    result = evaluate_checkpoints(cfg, checkpoints, ecfg.benchmarks, io.input("sample_orz/problems"))
     out = stage_outputs(io)
+    # the stage's work dir (artifacts/evaluate/work, stamped by run_stage) keeps finished checkpoints
+    work = out.report_dir.parent / "work"
+    result = evaluate_checkpoints(cfg, checkpoints, ecfg.benchmarks, io.input("sample_orz/problems"), work)
     # flows/pipeline.py publishes report.md as a Prefect artifact after the stage; nothing to do here.
     write_evaluation(result, out, f"Evaluation of profile `{cfg.profile}`", ecfg.records_shards)
     # W&B run id kept in the stage's work dir (artifacts/evaluate/work, not a DVC out) so reruns resume it.

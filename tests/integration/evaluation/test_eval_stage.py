@@ -218,3 +218,61 @@ def test_nightly_flow_runs_under_prefect_and_fails_on_a_regression(
         red = nightly.nightly_eval(profile="tiny", checkpoint=ckpt, return_state=True)
     assert red.is_failed() and "format_valid_rate" in red.message
     assert read_json(tmp_path / "nightly" / "gate.json")["verdict"] == "fail"
+
+
+def test_served_evaluation_starts_a_server_per_checkpoint_and_keeps_finished_ones(
+    world: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The GPU profile's path with the stand-in SGLang server: a fresh server per checkpoint (parallel ones
+    decoded through the SGLang backend's fork/merge controller), and a failure on the second checkpoint
+    loses nothing of the first."""
+    import sys
+
+    import yaml
+
+    from components.engine.backends.sglang_client import SGLangError
+    from components.evaluation.runner import CheckpointSpec, evaluate_checkpoints
+
+    spec = tmp_path / "server.yaml"
+    spec.write_text(
+        yaml.safe_dump(
+            {"python": sys.executable, "module": "tests.support.sglang_standin", "model_path": "-", "port": 1,
+             "tp_size": 1, "context_length": 512}
+        )
+    )  # fmt: skip
+    cfg = world["cfg"]
+    served = cfg.evaluate.generation.model_copy(
+        update={"backend": "sglang", "merge_mode": "reprefill", "server_spec": str(spec)}
+    )
+    cfg = cfg.model_copy(update={"evaluate": cfg.evaluate.model_copy(update={"generation": served})})
+    io, root = world["io"], world["root"]
+    ckpts = [
+        CheckpointSpec("seed", io.input("seed/model"), "sequential"),
+        CheckpointSpec("papo_rl", io.input("papo_rl/model"), "parallel"),
+    ]
+    work = tmp_path / "work"
+    requests = tmp_path / "requests.jsonl"
+    monkeypatch.setenv("SGLANG_STANDIN_REQUEST_LOG", str(requests))
+    # each server counts its own requests: seed's 6 pass, papo_rl's 7th (its sequential re-decode) fails
+    monkeypatch.setenv("SGLANG_STANDIN_FAULT", f"http500@{N_PROBLEMS * N_SAMPLES + 1}")
+    with pytest.raises(SGLangError, match="HTTP 500"):
+        evaluate_checkpoints(cfg, ckpts, cfg.evaluate.benchmarks, root / "sample_orz" / "problems", work)
+    assert (work / "checkpoints" / "seed" / "metrics.json").is_file()
+    assert not (work / "checkpoints" / "papo_rl").exists()
+    monkeypatch.delenv("SGLANG_STANDIN_FAULT")
+    result = evaluate_checkpoints(cfg, ckpts, cfg.evaluate.benchmarks, root / "sample_orz" / "problems", work)
+    assert len(list((work / "server-logs").glob("*.log"))) == 3  # seed once, papo_rl twice; none reused
+    assert set(result.metrics["checkpoints"]) == {"seed", "papo_rl"}
+    bench = result.metrics["checkpoints"]["papo_rl"]["benchmarks"]["tiny_test"]
+    assert bench["tokens_per_s"] > 0 and "achieved_speedup" in bench
+    assert len(result.records["seed"]["tiny_test"]) == N_PROBLEMS * N_SAMPLES
+    # the parallel checkpoint's requests stop at </guideline> (the fork trigger); the sequential ones don't
+    import json as _json
+
+    from components.models.loading import load_tokenizer
+
+    trigger = load_tokenizer(io.input("papo_rl/model")).convert_tokens_to_ids("</guideline>")
+    stops = [
+        _json.loads(line)["sampling_params"]["stop_token_ids"] for line in requests.read_text().splitlines()
+    ]
+    assert any(trigger in s for s in stops) and any(trigger not in s for s in stops)

@@ -189,3 +189,33 @@ def test_server_that_dies_before_health_reports_its_log(world, tmp_path: Path) -
     ):
         pass
     assert "model load failed" in str(info.value)
+
+
+def test_sigterm_to_the_stage_stops_its_server(world, tmp_path: Path) -> None:
+    """A stage killed with SIGTERM (a task timeout) must not leave its server running on the GPUs."""
+    import signal
+    import subprocess
+    import time
+
+    _, path = world
+    spec = _spec(tmp_path)
+    script = (
+        "import sys, time\n"
+        "from components.engine import GenerationConfig\n"
+        "from components.ops.sglang_server import launched\n"
+        f"cfg = GenerationConfig(backend='sglang', merge_mode='reprefill', server_spec={str(spec)!r},"
+        " server_start_timeout_s=120)\n"
+        f"with launched({str(path)!r}, cfg, {str(tmp_path / 'logs')!r}) as url:\n"
+        "    print(url, flush=True)\n"
+        "    time.sleep(300)\n"
+    )
+    stage = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    url = stage.stdout.readline().strip()
+    port = url.rsplit(":", 1)[1]
+    assert _server_processes(port)
+    stage.send_signal(signal.SIGTERM)
+    assert stage.wait(timeout=60) == 128 + signal.SIGTERM
+    deadline = time.monotonic() + 10
+    while _server_processes(port) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _server_processes(port)

@@ -178,3 +178,26 @@ def test_unscored_forced_tokens_stay_nan(tok) -> None:
     ctl.advance(ext, ExtensionResult(ids, [math.nan, math.nan, -0.5], "stop"))
     gen = ctl.generation("async", "reprefill")
     assert gen.forced == [True, True] and all(math.isnan(x) for x in gen.logprobs)
+
+
+def test_a_fixed_branch_rule_with_a_sampled_merge_needs_no_code(tok) -> None:
+    """What a Parallel-R1-shaped ForkRule gives (issue #20 adds the schema's data): a trigger tag forks a
+    fixed number of unlabelled branches; after them the main stream samples the merge tag itself."""
+    from components.engine.parallel import ForkTags
+
+    trigger, path_open, path_close = 900, 901, 902
+    fork = ForkTags(
+        schema_name="fixed", trigger=trigger, branch_open=path_open, branch_close=path_close, merge=(),
+        fixed_branches=2,
+    )  # fmt: skip
+    pol = _policy(tok, tags=fork)
+    ctl = SequenceController([1, 2], pol, forced_prefix=[trigger])
+    (first,) = ctl.start()
+    b0, b1 = ctl.advance(first, _answer(first, [], "length"))
+    assert b0.forced == b1.forced == (path_open,) and b0.position == b1.position == 3
+    ctl.advance(b0, _answer(b0, [10, 11, path_close]))
+    (merge,) = ctl.advance(b1, _answer(b1, [12, path_close]))
+    assert merge.forced == () and merge.after == 1 and merge.max_sampled > 0 and merge.position == 2 + 4 + 1
+    ctl.advance(merge, _answer(merge, [903, pol.end_ids[0]]))
+    gen = ctl.generation("test", "shared_kv")
+    assert gen.blocks[0].labels == ["", ""] and gen.blocks[0].merged and gen.token_ids[-1] == 903
