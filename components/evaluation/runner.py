@@ -221,7 +221,14 @@ def _records(
     from components.grading.judge import judge_many
 
     golds = [list(p["answers"]) for p in problems for _ in range(spec.n_samples)]
-    judgements = judge_many([g.text for g in generations], golds, cfg.schema_name, cfg.grading)
+    judgements = judge_many(
+        [g.text for g in generations],
+        golds,
+        cfg.schema_name,
+        cfg.grading,
+        purpose="evaluation",
+        finish_reasons=[g.finish_reason for g in generations],
+    )
     records = []
     for i, (gen, judgement) in enumerate(zip(generations, judgements, strict=True)):
         problem = problems[i // spec.n_samples]

@@ -8,7 +8,9 @@
   ``Stage3Reward.filter_on``) -> ``filtered=True`` and a neutral score of 0.0 that is never a learning
   signal (the trainer drops it); otherwise ``stage3.correct`` / ``stage3.wrong`` by accuracy only.
 
-``score_many(name, responses, golds, schema, cfg)`` judges a batch once and applies the reward.
+``score_many(name, responses, golds, schema, cfg, finish_reasons=...)`` judges a batch once (with the
+``reward`` extraction settings: an explicit final answer only, nothing for a truncated response) and applies
+the reward.
 """
 
 from __future__ import annotations
@@ -106,15 +108,28 @@ def score_many(
     golds: Sequence[Any],
     schema: str | Schema = "npr",
     cfg: GradingConfig | None = None,
+    *,
+    finish_reasons: Sequence[str | None] | None = None,
 ) -> list[RewardResult]:
-    """Judge a batch (answers graded together) and apply the reward ``name`` to each response."""
+    """Judge a batch (answers graded together) and apply the reward ``name`` to each response.
+
+    ``finish_reasons`` (the engine's, one per response) marks responses cut off by the token budget: they
+    have no answer, so they can be rewarded for their format at most, never for a correct answer.
+    """
     reward = get_reward(name)
     cfg = cfg or GradingConfig()
-    return [reward(j, cfg) for j in judge_many(responses, golds, schema, cfg)]
+    judgements = judge_many(responses, golds, schema, cfg, purpose="reward", finish_reasons=finish_reasons)
+    return [reward(j, cfg) for j in judgements]
 
 
 def score_response(
-    name: str, response: str, gold: Any, schema: str | Schema = "npr", cfg: GradingConfig | None = None
+    name: str,
+    response: str,
+    gold: Any,
+    schema: str | Schema = "npr",
+    cfg: GradingConfig | None = None,
+    *,
+    finish_reason: str | None = None,
 ) -> RewardResult:
     """``score_many`` for one response."""
-    return score_many(name, [response], [gold], schema, cfg)[0]
+    return score_many(name, [response], [gold], schema, cfg, finish_reasons=[finish_reason])[0]

@@ -12,11 +12,17 @@ Which reward and with which values, in increasing precedence:
    call): ``reward``, ``reward_values``, ``schema``, ``grading``;
 3. the row's ``extra_info`` with the same keys.
 
+Answers are read with the ``reward`` extraction settings (an explicit final answer only). verl's reward
+loop passes the decoded text without the end-of-sequence token, so it cannot tell a finished response from
+one cut at ``max_response_length``: a rollout producer that knows (an agent loop) passes
+``extra_info["finish_reason"]`` (``stop`` / ``length`` ...) or a ``finish_reason`` keyword; without it only an
+unclosed box marks a response as truncated.
+
 ``reward_values`` overrides the chosen reward's section (``{"correct": 1, "wrong": -1, "empty": -2}``;
 for stage3 also ``filter_on``); ``grading`` overrides other ``GradingConfig`` fields (``timeout_s``,
 ``workers``, ``fallbacks`` ...). The returned dict always has the same keys (verl stacks them into
 per-sample arrays): ``score``, ``acc``, ``pred`` ("" when none), ``format_score``, ``valid``, ``filtered``,
-``empty``, ``grade_failed``.
+``empty``, ``grade_failed``, ``truncated``.
 """
 
 from __future__ import annotations
@@ -82,7 +88,17 @@ def compute_score(
         json.dumps(dict(settings.get("reward_values") or {}), sort_keys=True, default=_plain),
         json.dumps(dict(settings.get("grading") or {}), sort_keys=True, default=_plain),
     )
-    judgement = judge(solution_str, ground_truth, str(settings.get("schema", DEFAULT_SCHEMA)), cfg)
+    finish_reason = kwargs.get("finish_reason")
+    if isinstance(extra_info, Mapping) and extra_info.get("finish_reason") is not None:
+        finish_reason = extra_info["finish_reason"]
+    judgement = judge(
+        solution_str,
+        ground_truth,
+        str(settings.get("schema", DEFAULT_SCHEMA)),
+        cfg,
+        purpose="reward",
+        finish_reason=None if finish_reason is None else str(finish_reason),
+    )
     result = reward(judgement, cfg)
     return {
         "score": result.score,
@@ -93,4 +109,5 @@ def compute_score(
         "filtered": result.filtered,
         "empty": judgement.empty,
         "grade_failed": judgement.grade_reason is not None,
+        "truncated": judgement.truncated,
     }

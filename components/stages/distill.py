@@ -112,7 +112,14 @@ def run(cfg: PipelineConfig, io: StageIO) -> dict[str, Any]:
             gen_seconds += time.perf_counter() - start
             generated_tokens += sum(g.total_tokens for g in gens)
             golds = [p["answer"] for p in chunk for _ in range(dcfg.k)]
-            judgements = judge_many([g.text for g in gens], golds, cfg.schema_name, cfg.grading)
+            judgements = judge_many(
+                [g.text for g in gens],
+                golds,
+                cfg.schema_name,
+                cfg.grading,
+                purpose="distill",
+                finish_reasons=[g.finish_reason for g in gens],
+            )
             tmp = chunk_path.with_suffix(".tmp")
             write_jsonl(tmp, trajectory_records(chunk, dcfg.k, prompts, gens, judgements))
             tmp.replace(chunk_path)

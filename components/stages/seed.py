@@ -188,7 +188,12 @@ def evaluate_seed(
     prompts = [render_prompt(tokenizer, p["problem"], cfg.prompts, "parallel") for p in chosen]
     generations = generate(model, tokenizer, prompts, gen_cfg)
     judgements = judge_many(
-        [g.text for g in generations], [p["answer"] for p in chosen], cfg.schema_name, cfg.grading
+        [g.text for g in generations],
+        [p["answer"] for p in chosen],
+        cfg.schema_name,
+        cfg.grading,
+        purpose="evaluation",
+        finish_reasons=[g.finish_reason for g in generations],
     )
     summary = summarize(judgements)
     return {

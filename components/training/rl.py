@@ -171,7 +171,13 @@ class RLTrainer:
         counters["rollout_time_s"] += time.perf_counter() - start
         golds = [str(p["answer"]) for p in problems for _ in range(self.sc.group_size)]
         results = score_many(
-            self.sc.reward, [g.text for g in gens], golds, self.cfg.schema_name, self.cfg.grading
+            self.sc.reward,
+            [g.text for g in gens],
+            golds,
+            self.cfg.schema_name,
+            self.cfg.grading,
+            # A rollout cut off by the token budget has no answer, so no correct-answer reward.
+            finish_reasons=[g.finish_reason for g in gens],
         )
 
         rollouts: list[Rollout] = []
@@ -390,6 +396,8 @@ class RLTrainer:
             [str(p["answer"]) for p in problems],
             self.cfg.schema_name,
             self.cfg.grading,
+            purpose="evaluation",
+            finish_reasons=[g.finish_reason for g in gens],
         )
         summary = summarize(judgements)
         return {
