@@ -34,12 +34,19 @@ DEPLOYMENT_SETTINGS = ("mode", "batch_size", "backend", "server_url", "request_t
 
 @dataclass(frozen=True)
 class CheckpointSpec:
-    """A checkpoint to evaluate: its name in reports, its model directory, and how it is decoded."""
+    """A checkpoint to evaluate: its name in reports, its model directory, and how it is decoded.
+
+    ``schema``: the structure schema its traces are judged and decoded by (None = the pipeline's
+    ``schema_name``; Parallel-R1's checkpoints: ``parallel_r1``); ``engine_settings``: extra
+    ``GenerationConfig`` fields of its decoding (Parallel-R1's paths per block), recorded in the metrics.
+    """
 
     name: str
     path: Path
     mode: Mode
-    prompt_style: Mode = "parallel"
+    prompt_style: str = "parallel"
+    schema: str | None = None
+    engine_settings: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -52,9 +59,14 @@ class EvalResult:
     sequential_records: dict[str, dict[str, list[dict[str, Any]]]] = field(default_factory=dict)
 
 
-def generation_config(ecfg: EvaluateConfig, mode: Mode) -> Any:
-    """The engine's GenerationConfig from the evaluate section's sampling settings and a mode."""
-    return ecfg.generation.model_copy(update={"mode": mode})
+def generation_config(ecfg: EvaluateConfig, mode: Mode, engine_settings: Mapping[str, Any] | None = None) -> Any:
+    """The engine's GenerationConfig from the evaluate section's sampling settings, a mode and a
+    checkpoint's extra engine settings (validated as GenerationConfig fields)."""
+    if not engine_settings:
+        return ecfg.generation.model_copy(update={"mode": mode})
+    from components.engine import GenerationConfig
+
+    return GenerationConfig.model_validate({**ecfg.generation.model_dump(), **engine_settings, "mode": mode})
 
 
 def sampling_settings(ecfg: EvaluateConfig) -> dict[str, Any]:
@@ -170,7 +182,10 @@ def evaluate_benchmarks(
     cfg: Any,
     checkpoint: str,
     mode: Mode,
-    prompt_style: Mode,
+    prompt_style: str,
+    *,
+    schema: str | None = None,
+    engine_settings: Mapping[str, Any] | None = None,
 ) -> dict[str, tuple[list[dict[str, Any]], float]]:
     """Decode and grade ``spec.n_samples`` samples of every problem of every benchmark.
 
@@ -191,7 +206,8 @@ def evaluate_benchmarks(
             ]
             prompts[spec.name] = [pp for pp in rendered for _ in range(spec.n_samples)]
         flat = [pp for spec in group for pp in prompts[spec.name]]
-        generations, wall = _decode(model, tokenizer, tags, flat, generation_config(ecfg, mode))
+        gen_cfg = generation_config(ecfg, mode, engine_settings)
+        generations, wall = _decode(model, tokenizer, tags, flat, gen_cfg)
         if len(generations) != len(flat):
             raise RuntimeError(f"engine returned {len(generations)} generations for {len(flat)} prompts")
         total_tokens = max(1, sum(g.total_tokens for g in generations))
@@ -201,7 +217,7 @@ def evaluate_benchmarks(
             offset += len(gens)
             share = sum(g.total_tokens for g in gens) / total_tokens if len(group) > 1 else 1.0
             records = _records(
-                gens, prompts[spec.name], problems[spec.name], spec, cfg, checkpoint, mode, tags
+                gens, prompts[spec.name], problems[spec.name], spec, cfg, checkpoint, mode, tags, schema
             )
             out[spec.name] = (records, wall * share)
     return out
@@ -216,15 +232,17 @@ def _records(
     checkpoint: str,
     mode: Mode,
     tags: Any,
+    schema: str | None = None,
 ) -> list[dict[str, Any]]:
     """Grade one benchmark's generations into per-sample records."""
     from components.grading.judge import judge_many
 
+    schema = schema or cfg.schema_name
     golds = [list(p["answers"]) for p in problems for _ in range(spec.n_samples)]
     judgements = judge_many(
         [g.text for g in generations],
         golds,
-        cfg.schema_name,
+        schema,
         cfg.grading,
         purpose="evaluation",
         finish_reasons=[g.finish_reason for g in generations],
@@ -251,7 +269,7 @@ def _records(
             "n_tokens": gen.total_tokens,
             "parallel_taken": gen.parallel_taken,
             "finish_reason": gen.finish_reason,
-            **_structure(gen, tags, cfg.schema_name),
+            **_structure(gen, tags, schema),
         }
         records.append(rec)
     return records
@@ -322,13 +340,15 @@ def evaluate_checkpoints(
     )
     for ckpt in checkpoints:
         model, tokenizer = load_model(ckpt.path, cfg.models, cfg.run)
-        tags = _tags_for(tokenizer, cfg.schema_name, ckpt.mode)
+        schema = ckpt.schema or cfg.schema_name
+        tags = _tags_for(tokenizer, schema, ckpt.mode)
         benches: dict[str, dict[str, Any]] = {}
         result.records[ckpt.name] = {}
         args = (model, tokenizer, tags, problems, benchmarks, cfg, ckpt.name)
-        decoded = evaluate_benchmarks(*args, ckpt.mode, ckpt.prompt_style)
+        how = {"schema": schema, "engine_settings": ckpt.engine_settings}
+        decoded = evaluate_benchmarks(*args, ckpt.mode, ckpt.prompt_style, **how)
         speedup = ckpt.mode == "parallel" and ecfg.measure_speedup
-        sequential = evaluate_benchmarks(*args, "sequential", ckpt.prompt_style) if speedup else {}
+        sequential = evaluate_benchmarks(*args, "sequential", ckpt.prompt_style, **how) if speedup else {}
         for spec in benchmarks:
             records, wall = decoded[spec.name]
             metrics = summarize_records(records, spec.k, wall)
@@ -356,6 +376,8 @@ def evaluate_checkpoints(
         result.metrics["checkpoints"][ckpt.name] = {
             "mode": ckpt.mode,
             "prompt_style": ckpt.prompt_style,
+            **({"schema": schema} if schema != cfg.schema_name else {}),
+            **({"engine_settings": dict(ckpt.engine_settings)} if ckpt.engine_settings else {}),
             "path": str(ckpt.path),
             "checkpoint_hash": checkpoint_hash(ckpt.path),
             "benchmarks": benches,
