@@ -24,6 +24,7 @@ from components.data.pr1_coldstart import check_coldstart, load_rows, synthetic_
 from components.data.pr1_problems import rules_of, seeded_subset
 from components.data.problems import load_problems
 from components.stages.parallel_warmup import train_warmup
+from components.training.distributed import is_main_process
 
 
 def coldstart_rows(cfg: PipelineConfig, io: StageIO) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -49,17 +50,22 @@ def run(cfg: PipelineConfig, io: StageIO) -> dict[str, Any]:
     src = section.data
     work = Path(io.output("model")).parent / "work"
     rows, provenance = coldstart_rows(cfg, io)
+    # every rank of a torchrun job gates the same rows (deterministic); only rank 0 writes the audit
     report = check_coldstart(rows, rules_of(src), cfg.grading)
+    main = is_main_process()
     failed_dir = work / "audit-failed"
     try:
         report.raise_for_floor()
     except Exception:
-        shutil.rmtree(failed_dir, ignore_errors=True)
-        write_coldstart_audit(report, failed_dir)
+        if main:
+            shutil.rmtree(failed_dir, ignore_errors=True)
+            write_coldstart_audit(report, failed_dir)
         raise
-    shutil.rmtree(failed_dir, ignore_errors=True)
-    with atomic_dir(io.output("audit")) as tmp:
-        reconciliation = write_coldstart_audit(report, tmp)
+    reconciliation = report.reconciliation()
+    if main:
+        shutil.rmtree(failed_dir, ignore_errors=True)
+        with atomic_dir(io.output("audit")) as tmp:
+            reconciliation = write_coldstart_audit(report, tmp)
     kept = report.kept if src.source == "sample_orz" else seeded_subset(report.kept, src.n, src.seed)
     metrics = train_warmup(cfg, io, section, kept, cfg.schema_of("pr1_coldstart"))
     return {
