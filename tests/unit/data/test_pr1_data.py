@@ -7,6 +7,7 @@ reasons and the counts reconcile.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from pathlib import Path
@@ -122,9 +123,9 @@ def test_local_gsm8k_style_files_are_read_and_gated(tmp_path: Path) -> None:
     assert written["kept"] == 2
     assert len((audit / "trajectory_rejected.jsonl").read_text().splitlines()) == 3
     assert (audit / "quarantine.jsonl").exists() and (audit / "gx_docs" / "index.html").exists()
-    strict = QualityRules(5, 2000, 64, min_kept_fraction=0.5)
-    with pytest.raises(DataQualityError, match="cold-start rows"):
-        check_coldstart(rows, strict, GradingConfig()).raise_for_floor()
+    report.raise_for_floor()  # no floor in RULES
+    with pytest.raises(DataQualityError, match="cold-start rows"):  # 2 of 7 kept is below a floor of 0.5
+        dataclasses.replace(report, min_kept_fraction=0.5).raise_for_floor()
 
 
 def test_missing_or_unreadable_cold_start_data_fails_with_its_path(tmp_path: Path) -> None:
@@ -173,5 +174,7 @@ def test_rl_problems_from_dapo_style_files_pass_the_quality_gate(tmp_path: Path)
     rows, provenance, report = training_problems(src, None)
     assert sorted(r["answer"] for r in rows) == ["55", "8"] and provenance["rows_in"] == 3
     assert report is not None and report.reconciliation()["quarantined"] == 1
-    with pytest.raises(DataQualityError):
-        training_problems(src.model_copy(update={"min_kept_fraction": 0.9}), None)
+    with pytest.raises(DataQualityError):  # the gate's floor: 2 of 3 kept is below 0.9
+        dataclasses.replace(
+            report, rules=dataclasses.replace(report.rules, min_kept_fraction=0.9)
+        ).raise_for_floor()
