@@ -102,9 +102,9 @@ class RLTrainer:
         schema: str | None = None,
         generation: dict[str, Any] | None = None,
     ) -> None:
-        # stage_cfg: the stage's effective section (a recipe may derive fields, components.training.parallel_r1);
-        # schema: the structure schema of its traces (default: the pipeline's schema_name); generation: extra
-        # GenerationConfig fields of its rollouts and evaluations (Parallel-R1's paths per block).
+        # stage_cfg: the stage's section (default: getattr(cfg, stage)); schema: the structure schema of its
+        # traces (default: the pipeline's schema_name; pr1_rl: parallel_r1); generation: extra GenerationConfig
+        # fields of its rollouts and evaluations (Parallel-R1's paths per block).
         self.stage, self.cfg = stage, cfg
         self.sc = stage_cfg if stage_cfg is not None else getattr(cfg, stage)
         self.schema = schema or cfg.schema_name
