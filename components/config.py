@@ -30,14 +30,20 @@ from components.grading.config import GradingConfig
 from components.models.config import ModelsConfig, SeedConfig
 from components.ops.config import OrchestrationConfig, StorageConfig, TrackingConfig
 from components.settings import StrictModel
-from components.training.config import RLStageConfig, SFTStageConfig
+from components.training.config import (
+    ParallelR1Config,
+    PR1ColdStartConfig,
+    PR1RLConfig,
+    RLStageConfig,
+    SFTStageConfig,
+)
 
 CONFIGS_DIR = Path("configs")
 PARAMS_FILE = Path("params.yaml")
 PREFECT_FILE = Path("prefect.yaml")
 GPU_STAGE_DEPLOYMENT = "npr-stage"  # the deployment gpu stages are dispatched to (flows/pipeline.py)
-RL_STAGES = ("npr_zero", "papo_rl", "sr_rl")
-SFT_STAGES = ("parallel_warmup", "sequential_warmup")
+RL_STAGES = ("npr_zero", "papo_rl", "sr_rl", "pr1_rl")
+SFT_STAGES = ("parallel_warmup", "sequential_warmup", "pr1_coldstart")
 
 
 class ConfigError(UserError, ValueError):
@@ -88,6 +94,8 @@ class PromptConfig(StrictModel):
 
     parallel_instruction: str = "prompts/npr_parallel_v1.txt"
     sequential_instruction: str = "prompts/sequential_v1.txt"
+    # The Parallel-R1 recipe's instruction (pr1_coldstart, pr1_rl and their checkpoints in evaluate).
+    parallel_r1_instruction: str = "prompts/pr1_parallel_v1.txt"
     # Separator between the problem text and the instruction inside the user turn.
     separator: str = "\n\n"
     system_prompt: str | None = None
@@ -115,8 +123,50 @@ class PipelineConfig(StrictModel):
     sequential_warmup: SFTStageConfig
     papo_rl: RLStageConfig
     sr_rl: RLStageConfig
+    # The Parallel-R1 recipe (arXiv 2509.07980) on the same components: cold start, then GRPO.
+    parallel_r1: ParallelR1Config
+    pr1_coldstart: PR1ColdStartConfig
+    pr1_rl: PR1RLConfig
     evaluate: EvaluateConfig
     nightly: NightlyConfig
+
+    @model_validator(mode="after")
+    def _parallel_r1_variant(self) -> PipelineConfig:
+        """The Parallel-R1 stages' modes follow ``parallel_r1.attention`` (one key picks Seen or Unseen):
+        the cold start's SFT mode, the RL stage's rollout mode and structural filter, their instruction.
+        The derived fields are not written to params.yaml (DVC tracks ``parallel_r1`` for both stages)."""
+        pr1 = self.parallel_r1
+        unseen = pr1.attention == "unseen"
+        # object.__setattr__: a derived value, not an assignment to validate (and re-run this validator on)
+        object.__setattr__(
+            self,
+            "pr1_coldstart",
+            self.pr1_coldstart.model_copy(update={"mode": pr1.mode, "prompt_style": pr1.PROMPT_STYLE}),
+        )
+        object.__setattr__(
+            self,
+            "pr1_rl",
+            self.pr1_rl.model_copy(
+                update={
+                    "engine_mode": pr1.mode,
+                    "structural_filter": unseen,
+                    "prompt_style": pr1.PROMPT_STYLE,
+                }
+            ),
+        )
+        listed = sorted(set(self.evaluate.parallel_checkpoints) & set(pr1.STAGES))
+        if listed:
+            raise ValueError(
+                f"evaluate.parallel_checkpoints lists {listed}: the Parallel-R1 checkpoints decode as "
+                "parallel_r1.attention says (unseen: parallel, seen: sequential); remove them there"
+            )
+        overridden = sorted(set(self.evaluate.prompt_style_overrides) & set(pr1.STAGES))
+        if overridden:
+            raise ValueError(
+                f"evaluate.prompt_style_overrides names {overridden}: the Parallel-R1 checkpoints are always "
+                "prompted with prompts.parallel_r1_instruction; remove them there"
+            )
+        return self
 
     @model_validator(mode="after")
     def _cross_checks(self) -> PipelineConfig:
@@ -124,6 +174,29 @@ class PipelineConfig(StrictModel):
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+    def schema_of(self, stage: str) -> str:
+        """The structure schema of a stage's traces (and of the checkpoint it writes): the stage section's
+        own (Parallel-R1's stages: ``parallel_r1``) or the pipeline's ``schema_name``."""
+        section = getattr(self, stage, None)
+        return getattr(section, "SCHEMA", None) or self.schema_name
+
+    def decode_mode_of(self, checkpoint: str) -> Literal["parallel", "sequential"]:
+        """How ``evaluate`` decodes a checkpoint: the Parallel-R1 ones per ``parallel_r1.attention``, the
+        others per ``evaluate.parallel_checkpoints``."""
+        if checkpoint in self.parallel_r1.STAGES:
+            return self.parallel_r1.mode
+        return self.evaluate.mode_for(checkpoint)
+
+    def prompt_style_of(self, checkpoint: str) -> str:
+        """The instruction ``evaluate`` prompts a checkpoint with (its training instruction)."""
+        if checkpoint in self.parallel_r1.STAGES:
+            return self.parallel_r1.PROMPT_STYLE
+        return self.evaluate.prompt_style_for(checkpoint)
+
+    def engine_settings_of(self, checkpoint: str) -> dict[str, Any]:
+        """Extra engine settings of a checkpoint's decoding (Parallel-R1's paths per block), else none."""
+        return self.parallel_r1.engine_settings() if checkpoint in self.parallel_r1.STAGES else {}
 
     def section_hash(self, *keys: str) -> str:
         """Stable short hash of some top-level sections (used for stage fingerprints)."""

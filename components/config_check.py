@@ -35,6 +35,8 @@ PIPELINE_STAGES = (
     "sequential_warmup",
     "papo_rl",
     "sr_rl",
+    "pr1_coldstart",
+    "pr1_rl",
     "evaluate",
 )
 

@@ -14,7 +14,8 @@ class GenerationConfig(StrictModel):
 
     ``mode="parallel"`` makes the engine (every backend: the decisions are ``components.engine.controller``'s)
     fork at the schema's trigger, ``</guideline>`` (one branch per plan, at most ``max_branches``, nesting at
-    most ``max_depth``); ``"sequential"`` decodes one stream with plain causal visibility.
+    most ``max_depth``; a schema whose fork rule has a fixed number of branches, Parallel-R1, forks at its
+    trigger into ``paths`` of them); ``"sequential"`` decodes one stream with plain causal visibility.
     ``temperature=0`` is greedy. ``top_k=-1`` disables top-k.
 
     Budgets: ``max_new_tokens`` bounds the tokens generated across ALL branches of a response (a fork is
@@ -41,6 +42,9 @@ class GenerationConfig(StrictModel):
     top_k: int = Field(-1, ge=-1)
     max_new_tokens: int = Field(30000, ge=1)
     max_branches: int = Field(5, ge=1)
+    # Branches of a fork rule with a fixed number of unlabelled branches (Parallel-R1's paths); None = the
+    # schema's number (components.structure.ForkRule.branches). A plan-labelled schema rejects it.
+    paths: int | None = Field(None, ge=1)
     max_depth: int = Field(1, ge=1)
     step_repetition_penalty: float = Field(1.02, gt=0)
     min_step_tokens: int = Field(1, ge=1)

@@ -41,6 +41,7 @@ score).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -159,6 +160,13 @@ class DecodePolicy:
                 "steps); set generation.max_depth to 1"
             )
         fork_tags = ForkTags.from_tag_ids(tags) if (tags is not None and cfg.mode == "parallel") else None
+        if fork_tags is not None and cfg.paths is not None:
+            if fork_tags.fixed_branches is None:
+                raise ValueError(
+                    f"generation.paths={cfg.paths}: schema {fork_tags.schema_name!r} forks one branch per plan; "
+                    "paths applies to fork rules with a fixed number of branches (parallel_r1)"
+                )
+            fork_tags = dataclasses.replace(fork_tags, fixed_branches=cfg.paths)
         return cls(
             mode=cfg.mode,
             end_ids=tuple(end_of_turn_ids(tokenizer)),

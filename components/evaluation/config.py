@@ -31,7 +31,16 @@ class BenchmarkSpec(StrictModel):
 
 
 # The pipeline stages that write a model (artifacts/<stage>/model), in the order the report lists them.
-MODEL_STAGES = ("seed", "npr_zero", "parallel_warmup", "papo_rl", "sequential_warmup", "sr_rl")
+MODEL_STAGES = (
+    "seed",
+    "npr_zero",
+    "parallel_warmup",
+    "papo_rl",
+    "sequential_warmup",
+    "sr_rl",
+    "pr1_coldstart",
+    "pr1_rl",
+)
 
 
 class EvaluateConfig(StrictModel):
@@ -45,8 +54,8 @@ class EvaluateConfig(StrictModel):
     generation: GenerationConfig = GenerationConfig(top_p=0.7)
     # Instruction a checkpoint is prompted with (the paper prompts its models with the NPR format), and
     # per-checkpoint exceptions for checkpoints trained on the other instruction.
-    prompt_style: Literal["parallel", "sequential"] = "parallel"
-    prompt_style_overrides: dict[str, Literal["parallel", "sequential"]] = {}
+    prompt_style: Literal["parallel", "sequential", "parallel_r1"] = "parallel"
+    prompt_style_overrides: dict[str, Literal["parallel", "sequential", "parallel_r1"]] = {}
     # Speedup = tokens/s of the same checkpoint's same prompts decoded in parallel vs sequential mode; the
     # sequential re-decode of each parallel checkpoint is also graded and kept (mode "sequential").
     measure_speedup: bool = True
@@ -71,7 +80,7 @@ class EvaluateConfig(StrictModel):
         """How a checkpoint decodes: parallel for ``parallel_checkpoints``, sequential otherwise."""
         return "parallel" if checkpoint in self.parallel_checkpoints else "sequential"
 
-    def prompt_style_for(self, checkpoint: str) -> Literal["parallel", "sequential"]:
+    def prompt_style_for(self, checkpoint: str) -> str:
         return self.prompt_style_overrides.get(checkpoint, self.prompt_style)
 
 

@@ -73,7 +73,7 @@ class Baseline(StrictModel):
     profile: str
     checkpoint: str
     mode: Literal["parallel", "sequential"]
-    prompt_style: Literal["parallel", "sequential"]
+    prompt_style: Literal["parallel", "sequential", "parallel_r1"]
     checkpoint_hash: str
     prompt_hash: str
     engine_version: dict[str, str]

@@ -53,12 +53,19 @@ DEPLOYMENT_SETTINGS = (
 
 @dataclass(frozen=True)
 class CheckpointSpec:
-    """A checkpoint to evaluate: its name in reports, its model directory, and how it is decoded."""
+    """A checkpoint to evaluate: its name in reports, its model directory, and how it is decoded.
+
+    ``schema``: the structure schema its traces are judged and decoded by (None = the pipeline's
+    ``schema_name``; Parallel-R1's checkpoints: ``parallel_r1``); ``engine_settings``: extra
+    ``GenerationConfig`` fields of its decoding (Parallel-R1's paths per block), recorded in the metrics.
+    """
 
     name: str
     path: Path
     mode: Mode
-    prompt_style: Mode = "parallel"
+    prompt_style: str = "parallel"
+    schema: str | None = None
+    engine_settings: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -71,9 +78,14 @@ class EvalResult:
     sequential_records: dict[str, dict[str, list[dict[str, Any]]]] = field(default_factory=dict)
 
 
-def generation_config(ecfg: EvaluateConfig, mode: Mode) -> Any:
-    """The engine's GenerationConfig from the evaluate section's sampling settings and a mode."""
-    return ecfg.generation.model_copy(update={"mode": mode})
+def generation_config(ecfg: EvaluateConfig, mode: Mode, engine_settings: Mapping[str, Any] | None = None) -> Any:
+    """The engine's GenerationConfig from the evaluate section's sampling settings, a mode and a
+    checkpoint's extra engine settings (validated as GenerationConfig fields)."""
+    if not engine_settings:
+        return ecfg.generation.model_copy(update={"mode": mode})
+    from components.engine import GenerationConfig
+
+    return GenerationConfig.model_validate({**ecfg.generation.model_dump(), **engine_settings, "mode": mode})
 
 
 def sampling_settings(ecfg: EvaluateConfig) -> dict[str, Any]:
@@ -189,8 +201,11 @@ def evaluate_benchmarks(
     cfg: Any,
     checkpoint: str,
     mode: Mode,
-    prompt_style: Mode,
+    prompt_style: str,
     progress: Any = None,
+    *,
+    schema: str | None = None,
+    engine_settings: Mapping[str, Any] | None = None,
 ) -> dict[str, tuple[list[dict[str, Any]], float]]:
     """Decode and grade ``spec.n_samples`` samples of every problem of every benchmark (``progress``, a
     ``components.progress.Task``, advances by one per decode group).
@@ -215,7 +230,7 @@ def evaluate_benchmarks(
         names = ", ".join(spec.name for spec in group)
         if progress is not None:
             progress.update(f"evaluate {checkpoint} ({mode}): decoding {len(flat)} on {names}")
-        generations, wall = _decode(model, tokenizer, tags, flat, generation_config(ecfg, mode))
+        generations, wall = _decode(model, tokenizer, tags, flat, generation_config(ecfg, mode, engine_settings))
         if progress is not None:
             progress.update(f"evaluate {checkpoint} ({mode}): grading {len(flat)} on {names}")
         if len(generations) != len(flat):
@@ -227,7 +242,7 @@ def evaluate_benchmarks(
             offset += len(gens)
             share = sum(g.total_tokens for g in gens) / total_tokens if len(group) > 1 else 1.0
             records = _records(
-                gens, prompts[spec.name], problems[spec.name], spec, cfg, checkpoint, mode, tags
+                gens, prompts[spec.name], problems[spec.name], spec, cfg, checkpoint, mode, tags, schema
             )
             out[spec.name] = (records, wall * share)
         if progress is not None:
@@ -244,15 +259,17 @@ def _records(
     checkpoint: str,
     mode: Mode,
     tags: Any,
+    schema: str | None = None,
 ) -> list[dict[str, Any]]:
     """Grade one benchmark's generations into per-sample records."""
     from components.grading.judge import judge_many
 
+    schema = schema or cfg.schema_name
     golds = [list(p["answers"]) for p in problems for _ in range(spec.n_samples)]
     judgements = judge_many(
         [g.text for g in generations],
         golds,
-        cfg.schema_name,
+        schema,
         cfg.grading,
         purpose="evaluation",
         finish_reasons=[g.finish_reason for g in generations],
@@ -279,7 +296,7 @@ def _records(
             "n_tokens": gen.total_tokens,
             "parallel_taken": gen.parallel_taken,
             "finish_reason": gen.finish_reason,
-            **_structure(gen, tags, cfg.schema_name),
+            **_structure(gen, tags, schema),
         }
         records.append(rec)
     return records
@@ -510,6 +527,8 @@ def _evaluate_one(
     result.metrics["checkpoints"][ckpt.name] = {
         "mode": ckpt.mode,
         "prompt_style": ckpt.prompt_style,
+        **({"schema": ckpt.schema} if ckpt.schema and ckpt.schema != cfg.schema_name else {}),
+        **({"engine_settings": dict(ckpt.engine_settings)} if ckpt.engine_settings else {}),
         "path": str(ckpt.path),
         "checkpoint_hash": digest,
         "benchmarks": benches,
@@ -537,11 +556,13 @@ def _decode_checkpoint(
     progress: Any = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """One checkpoint's decodes: in its own mode, and (parallel, ``measure_speedup``) sequentially again."""
-    tags = _tags_for(tokenizer, cfg.schema_name, ckpt.mode)
+    schema = ckpt.schema or cfg.schema_name
+    tags = _tags_for(tokenizer, schema, ckpt.mode)
     args = (model, tokenizer, tags, problems, benchmarks, cfg, ckpt.name)
-    decoded = evaluate_benchmarks(*args, ckpt.mode, ckpt.prompt_style, progress)
+    how = {"schema": schema, "engine_settings": ckpt.engine_settings}
+    decoded = evaluate_benchmarks(*args, ckpt.mode, ckpt.prompt_style, progress, **how)
     speedup = ckpt.mode == "parallel" and cfg.evaluate.measure_speedup
-    sequential = evaluate_benchmarks(*args, "sequential", ckpt.prompt_style, progress) if speedup else {}
+    sequential = evaluate_benchmarks(*args, "sequential", ckpt.prompt_style, progress, **how) if speedup else {}
     return decoded, sequential
 
 

@@ -77,6 +77,44 @@ class Stage3Reward(StrictModel):
     filter_on: Literal["structural", "any_violation"] = "structural"
 
 
+class AccuracyReward(StrictModel):
+    """Parallel-R1's ``accuracy``: +correct / wrong by the answer alone (empty or truncated = wrong)."""
+
+    correct: float = 1.0
+    wrong: float = -1.0
+
+
+class AlternatingParallelReward(StrictModel):
+    """Parallel-R1's ``accuracy_parallel_interv`` (npr-reference.md §3.5): accuracy on most steps, and on the
+    last ``parallel_steps`` of every ``period`` training steps a correct, well-formed parallel answer earns
+    ``correct_parallel``, a correct sequential one (no tag of the schema at all) ``correct``, anything else
+    ``wrong``. Steps count from 1 (verl's ``global_steps``): with the paper's 10 / 2, steps 1-8 are accuracy
+    only and 9-10 reward parallel thinking.
+    """
+
+    correct: float = 1.0
+    wrong: float = -1.0
+    correct_parallel: float = 1.2
+    period: int = Field(10, ge=1)
+    parallel_steps: int = Field(2, ge=0)
+
+    @model_validator(mode="after")
+    def _steps_within_period(self) -> AlternatingParallelReward:
+        if self.parallel_steps > self.period:
+            raise ValueError(f"parallel_steps={self.parallel_steps} exceeds period={self.period}")
+        return self
+
+    def rewards_parallel(self, step: int) -> bool:
+        """Whether 1-based training step ``step`` is one of the steps that reward parallel answers."""
+        if step < 1:
+            raise ValueError(f"training steps count from 1, got {step}")
+        return (step - 1) % self.period >= self.period - self.parallel_steps
+
+
+# The sections of GradingConfig that hold a reward's values, by reward name (components.grading.rewards).
+REWARD_SECTIONS: tuple[str, ...] = ("stage1", "stage3", "accuracy", "accuracy_parallel_interv")
+
+
 class GradingConfig(StrictModel):
     """Answer extraction per purpose, equivalence (fast path, then math-verify in a process pool), rewards.
 
@@ -94,6 +132,8 @@ class GradingConfig(StrictModel):
     float_rel_tol: float = Field(1e-6, ge=0)
     stage1: Stage1Reward = Stage1Reward()
     stage3: Stage3Reward = Stage3Reward()
+    accuracy: AccuracyReward = AccuracyReward()
+    accuracy_parallel_interv: AlternatingParallelReward = AlternatingParallelReward()
 
     @model_validator(mode="before")
     @classmethod

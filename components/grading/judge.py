@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from components.grading.answers import extract_final
-from components.grading.config import GradingConfig
+from components.grading.config import ExtractionConfig, GradingConfig
 from components.grading.equivalence import grade_many_verdicts
 from components.structure.parse import STRUCTURAL_CODES, parse_text
 from components.structure.schemas import Schema, get_schema
@@ -67,6 +67,19 @@ def _structure_of(response: str, schema: Schema) -> tuple[float, bool, bool, tup
     return score_trace(trace), is_valid(trace), any(c in STRUCTURAL_CODES for c in codes), codes
 
 
+def schema_extraction(extraction: ExtractionConfig, schema: Schema) -> ExtractionConfig:
+    """The purpose's settings plus the schema's own answer convention.
+
+    A schema whose responses end with a labelled answer line (Parallel-R1: ``Final Answer: 42``,
+    ``Schema.answer_label``) states its answer there: for it the ``answer_line`` reading is an explicit
+    answer, not a guess, so it is tried first whatever the purpose's fallbacks (boxes and Minerva's sentence
+    are still read before it, as for every schema).
+    """
+    if schema.answer_label is None or "answer_line" in extraction.fallbacks:
+        return extraction
+    return extraction.model_copy(update={"fallbacks": ["answer_line", *extraction.fallbacks]})
+
+
 def judge_many(
     responses: Sequence[str],
     golds: Sequence[Any],
@@ -88,8 +101,8 @@ def judge_many(
             f"judge_many got {len(responses)} responses but {len(finish_reasons)} finish reasons"
         )
     cfg = cfg or GradingConfig()
-    extraction = cfg.extraction.for_purpose(purpose)
     resolved = get_schema(schema)
+    extraction = schema_extraction(cfg.extraction.for_purpose(purpose), resolved)
     for index, response in enumerate(responses):
         if not isinstance(response, str):
             raise ValueError(f"response {index} is a {type(response).__name__}, not a str")

@@ -1,9 +1,11 @@
 """Stage `evaluate`: every checkpoint of the run on every benchmark -> records, report, metrics, plots.
 
-Parallel checkpoints (``evaluate.parallel_checkpoints``) decode in the engine's parallel mode, the others
-sequentially; the held-out benchmark is the test split of ``sample_orz/problems``. The returned dict is
-what ``artifacts/evaluate/metrics.json`` holds; the stage runner writes one flat row per checkpoint into
-``metrics/evaluate/`` (``dvc metrics show``); the plot rows go to ``plots/evaluate/`` (``dvc plots show``).
+Parallel checkpoints (``evaluate.parallel_checkpoints``; Parallel-R1's per ``parallel_r1.attention``) decode
+in the engine's parallel mode, the others sequentially; each checkpoint is prompted, decoded and judged with
+its own schema and instruction (``PipelineConfig.schema_of`` / ``prompt_style_of``); the held-out benchmark
+is the test split of ``sample_orz/problems``. The returned dict is what ``artifacts/evaluate/metrics.json``
+holds; the stage runner writes one flat row per checkpoint into ``metrics/evaluate/`` (``dvc metrics show``);
+the plot rows go to ``plots/evaluate/`` (``dvc plots show``).
 """
 
 from __future__ import annotations
@@ -36,8 +38,10 @@ def run(cfg: Any, io: StageIO) -> dict[str, Any]:
         CheckpointSpec(
             name=name,
             path=io.input(f"{name}/model"),
-            mode=ecfg.mode_for(name),
-            prompt_style=ecfg.prompt_style_for(name),
+            mode=cfg.decode_mode_of(name),
+            prompt_style=cfg.prompt_style_of(name),
+            schema=cfg.schema_of(name),
+            engine_settings=cfg.engine_settings_of(name),
         )
         for name in ecfg.checkpoints
     ]

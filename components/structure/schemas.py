@@ -85,9 +85,10 @@ class ForkRule:
 class Schema:
     """One parallel-reasoning format, as data.
 
-    ``min_*_chars`` are the content lengths (whitespace removed) below which the format score penalises an
-    element; ``labelled`` schemas require plans and steps to start with ``N:`` (``1:``, ``2.1:``) and steps
-    to repeat the plan labels in order; ``min_steps`` applies to schemas without plans (with plans, the
+    ``answer_label``: the schema's final-answer convention (see the field); the parser checks it and the
+    grader reads the labelled line as an explicit answer. ``min_*_chars`` are the content lengths
+    (whitespace removed) below which the format score penalises an element; ``labelled`` schemas require
+    plans and steps to start with ``N:`` (``1:``, ``2.1:``) and steps to repeat the plan labels in order; ``min_steps`` applies to schemas without plans (with plans, the
     number of steps must equal the number of plans).
     """
 
@@ -105,6 +106,9 @@ class Schema:
     min_step_chars: int = 6
     min_summary_chars: int = 6
     fork: ForkRule | None = None
+    # How the final answer is written after the last block: None = a boxed answer (NPR, Multiverse); a
+    # label = a line starting with it (Parallel-R1: "Final Answer: 42"), a boxed answer still counting.
+    answer_label: str | None = None
     role_of: dict[str, Role] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -201,6 +205,20 @@ PARALLEL_R1 = Schema(
     summary_after_block=True,
     labelled=False,
     min_steps=2,
+    # Parallel-R1's convention (npr-reference.md §3.2): the response ends with a "Final Answer:" line.
+    answer_label="Final Answer:",
+    # Parallel-R1's rollout loop (npr-reference.md §3.3): the main stream stops at <Parallel>, a fixed number
+    # of paths (2 in the paper; GenerationConfig.paths overrides it) are decoded independently, each forced
+    # to start with <Path> and closed by </Path>, then </Parallel><Summary> is forced into the main stream,
+    # which decodes the summary and goes on. Forcing the merge (their loop appends "</Parallel>\n<Summary>")
+    # keeps a third, sequential <Path> out of a block whose paths the trainer masks as siblings.
+    fork=ForkRule(
+        trigger=Role.BLOCK_OPEN,
+        branch_open=Role.STEP_OPEN,
+        branch_close=Role.STEP_CLOSE,
+        merge=(Role.BLOCK_CLOSE, Role.SUMMARY_OPEN),
+        branches=2,
+    ),
 )
 
 SCHEMAS: dict[str, Schema] = {s.name: s for s in (NPR, MULTIVERSE, PARALLEL_R1)}

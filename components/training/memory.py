@@ -40,8 +40,8 @@ from components.training.token_logprobs import DEFAULT_CHUNK_TOKENS
 
 GIB = 2**30
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-RL_STAGES = ("npr_zero", "papo_rl", "sr_rl")
-SFT_STAGES = ("parallel_warmup", "sequential_warmup")
+RL_STAGES = ("npr_zero", "papo_rl", "sr_rl", "pr1_rl")
+SFT_STAGES = ("parallel_warmup", "sequential_warmup", "pr1_coldstart")
 DEFAULT_SGLANG_SPEC = "infra/sglang/server.yaml"
 
 

@@ -115,8 +115,18 @@ class RLTrainer:
         eval_problems: list[dict[str, Any]],
         work_dir: Path,
         tracker: Any | None = None,
+        *,
+        stage_cfg: Any | None = None,
+        schema: str | None = None,
+        generation: dict[str, Any] | None = None,
     ) -> None:
-        self.stage, self.cfg, self.sc = stage, cfg, getattr(cfg, stage)
+        # stage_cfg: the stage's section (default: getattr(cfg, stage)); schema: the structure schema of its
+        # traces (default: the pipeline's schema_name; pr1_rl: parallel_r1); generation: extra GenerationConfig
+        # fields of its rollouts and evaluations (Parallel-R1's paths per block).
+        self.stage, self.cfg = stage, cfg
+        self.sc = stage_cfg if stage_cfg is not None else getattr(cfg, stage)
+        self.schema = schema or cfg.schema_name
+        self.generation = dict(generation or {})
         self.model, self.tokenizer = model, tokenizer
         if not train_problems:
             raise ValueError(f"{stage}: no training problems")
@@ -130,7 +140,7 @@ class RLTrainer:
             # the 4D mask only exists for well-formed traces: malformed parallel rollouts must be filtered
             raise ValueError(f"{stage}: engine_mode 'parallel' needs structural_filter: true")
         needs_tags = self.sc.engine_mode == "parallel" or self.sc.structural_filter
-        self.tags = TagIds.from_tokenizer(tokenizer, cfg.schema_name) if needs_tags else None
+        self.tags = TagIds.from_tokenizer(tokenizer, self.schema) if needs_tags else None
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.actor_cfg = actor_config(self.sc)
         # fp32 master weights and AdamW state when the model is bf16 (components.training.precision)
@@ -163,6 +173,7 @@ class RLTrainer:
             step_repetition_penalty=1.0,
             seed=seed,
             merge_mode=self.sc.merge_mode,
+            **self.generation,
         )
 
     def _prompt(self, problem: dict[str, Any]) -> str:
@@ -197,10 +208,12 @@ class RLTrainer:
             self.sc.reward,
             [g.text for g in gens],
             golds,
-            self.cfg.schema_name,
+            self.schema,
             self.cfg.grading,
             # A rollout cut off by the token budget has no answer, so no correct-answer reward.
             finish_reasons=[g.finish_reason for g in gens],
+            # scheduled rewards (Parallel-R1's alternating one) read the 1-based step being trained
+            step=self.step + 1,
         )
 
         rollouts: list[Rollout] = []
@@ -412,7 +425,7 @@ class RLTrainer:
 
     # ----------------------------------------------------------------------------------- evaluation
     def _is_parallel(self, text: str) -> bool:
-        return trace_metrics(parse_text(text, self.cfg.schema_name)).is_parallel
+        return trace_metrics(parse_text(text, self.schema)).is_parallel
 
     def evaluate(self) -> dict[str, Any]:
         """Held-out metrics of the current policy: ``eval_samples`` samples per problem, the stage's engine
@@ -435,7 +448,7 @@ class RLTrainer:
         judgements = judge_many(
             [g.text for g in gens],
             [str(p["answer"]) for p in problems],
-            self.cfg.schema_name,
+            self.schema,
             self.cfg.grading,
             purpose="evaluation",
             finish_reasons=[g.finish_reason for g in gens],
@@ -636,29 +649,53 @@ class RLTrainer:
             self.tracker.log(flat, step=self.step)
 
 
-def run_rl_stage(stage: str, cfg: Any, io: Any) -> dict[str, Any]:
-    """The body of the stages ``npr_zero``, ``papo_rl`` and ``sr_rl``: train, save the model, return metrics.
+def run_rl_stage(
+    stage: str,
+    cfg: Any,
+    io: Any,
+    *,
+    stage_cfg: Any | None = None,
+    schema: str | None = None,
+    generation: dict[str, Any] | None = None,
+    train_problems: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """The body of the RL stages (``npr_zero``, ``papo_rl``, ``sr_rl``, ``pr1_rl``): train, save, return metrics.
 
-    Reads ``<init_from>/model`` and ``sample_orz/problems`` (train split to train on, test split held out);
-    writes ``model`` atomically; checkpoints and the step log live in ``artifacts/<stage>/work``.
+    Reads ``<init_from>/model`` and ``sample_orz/problems`` (train split to train on unless ``train_problems``
+    are given, test split held out); writes ``model`` atomically; checkpoints and the step log live in
+    ``artifacts/<stage>/work``. ``stage_cfg`` / ``schema`` / ``generation``: see ``RLTrainer``.
     """
     from components.artifacts import atomic_dir
     from components.data.problems import load_problems
     from components.models.loading import load_model, save_model
     from components.tracking import stage_run
 
-    sc = getattr(cfg, stage)
+    sc = stage_cfg if stage_cfg is not None else getattr(cfg, stage)
     init_dir = io.input(f"{sc.init_from}/model")
     problems_dir = io.input("sample_orz/problems")
     out_dir = io.output("model")
     work_dir = Path(out_dir).parent / "work"
     if sc.backend == "verl":
-        return _run_verl_stage(stage, cfg, init_dir, problems_dir, out_dir, work_dir)
+        return _run_verl_stage(stage, cfg, init_dir, problems_dir, out_dir, work_dir, train_problems)
     model, tokenizer = load_model(init_dir, cfg.models, cfg.run, for_training=True)
-    train, test = load_problems(problems_dir, "train"), load_problems(problems_dir, "test")
+    train = train_problems if train_problems is not None else load_problems(problems_dir, "train")
+    test = load_problems(problems_dir, "test")
     work_dir.mkdir(parents=True, exist_ok=True)
     with stage_run(cfg, stage, work_dir) as tracker:
-        result = RLTrainer(stage, cfg, model, tokenizer, train, test, work_dir, tracker).run()
+        trainer = RLTrainer(
+            stage,
+            cfg,
+            model,
+            tokenizer,
+            train,
+            test,
+            work_dir,
+            tracker,
+            stage_cfg=sc,
+            schema=schema,
+            generation=generation,
+        )
+        result = trainer.run()
         tracker.summary({k: v for k, v in result.metrics.items() if isinstance(v, (int, float))})
     with atomic_dir(out_dir) as tmp:
         save_model(model, tokenizer, tmp)
@@ -666,7 +703,13 @@ def run_rl_stage(stage: str, cfg: Any, io: Any) -> dict[str, Any]:
 
 
 def _run_verl_stage(
-    stage: str, cfg: Any, init_dir: Path, problems_dir: Path, out_dir: Path, work_dir: Path
+    stage: str,
+    cfg: Any,
+    init_dir: Path,
+    problems_dir: Path,
+    out_dir: Path,
+    work_dir: Path,
+    train_problems: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """GPU path: run verl's trainer on Ray, then merge its last FSDP checkpoint into the stage's HF output.
 
@@ -702,7 +745,9 @@ def _run_verl_stage(
         init_dir = shared_model
     else:
         run_dir = work_dir / "verl"
-    _, overrides_file = prepare_launch(stage, cfg, init_dir, problems_dir, run_dir)
+    _, overrides_file = prepare_launch(
+        stage, cfg, init_dir, problems_dir, run_dir, train_problems=train_problems
+    )
     overrides = yaml.safe_load(Path(overrides_file).read_text())["overrides"]
     entry = os.environ.get("NPR_VERL_ENTRY_MODULE", VERL_ENTRY_MODULE)  # a stand-in trainer in tests
     argv = [sys.executable, "-m", entry, *overrides]
@@ -710,7 +755,7 @@ def _run_verl_stage(
     env.update(
         {
             k: v_
-            for k, v_ in runtime_env(getattr(cfg, stage), cfg.schema_name)["env_vars"].items()
+            for k, v_ in runtime_env(getattr(cfg, stage), cfg.schema_of(stage))["env_vars"].items()
             if k not in ray_cluster.NOT_FORWARDED
         }
     )

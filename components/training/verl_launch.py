@@ -58,7 +58,7 @@ PLUGIN_MODULE = PLUGIN_PACKAGE
 REWARD_FILE = "components/grading/verl_reward.py"
 REWARD_FUNCTION = "compute_score"
 VERL_ENTRY_MODULE = "verl.trainer.main_ppo"
-RL_STAGES = ("npr_zero", "papo_rl", "sr_rl")
+RL_STAGES = ("npr_zero", "papo_rl", "sr_rl", "pr1_rl")
 # attention implementations that honour the NPR actor's 4D mask (eager gets its additive form)
 PARALLEL_ATTENTION = ("sdpa", "flex_attention", "eager")
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -82,11 +82,17 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+def native_parallel(stage_cfg: Any) -> bool:
+    """Whether a stage rolls out with the native fork/merge agent loop and trains with the NPR actor (the
+    canonical parallel mask): every stage whose ``engine_mode`` is parallel (PAPO; Parallel-R1 Unseen)."""
+    return stage_cfg.engine_mode == "parallel"
+
+
 def remove_padding(stage_cfg: Any) -> bool:
-    """verl's packed forward: as configured, else on for the stock actor and off for PAPO's NPR actor."""
+    """verl's packed forward: as configured, else on for the stock actor and off for the NPR actor."""
     if stage_cfg.verl.use_remove_padding is not None:
         return bool(stage_cfg.verl.use_remove_padding)
-    return stage_cfg.algorithm != "papo"
+    return not native_parallel(stage_cfg)
 
 
 def build_overrides(
@@ -107,7 +113,9 @@ def build_overrides(
     v = stage_cfg.verl
     adv_estimator, loss_mode = verl_names(stage_cfg.algorithm)
     is_papo = stage_cfg.algorithm == "papo"
-    filter_groups = stage_cfg.dynamic_sampling and not is_papo
+    native = native_parallel(stage_cfg)
+    # dynamic sampling is DAPO's (PAPO and Parallel-R1's GRPO train on every group)
+    filter_groups = stage_cfg.dynamic_sampling and stage_cfg.algorithm == "dapo"
     gen_prompts = stage_cfg.gen_batch_prompts or stage_cfg.prompts_per_step
     log_prob_micro = v.log_prob_micro_batch_size_per_gpu or v.micro_batch_size_per_gpu
     pairs: list[tuple[str, Any]] = [
@@ -116,9 +124,9 @@ def build_overrides(
         ("data.val_files", inputs.val_files),
         ("data.prompt_key", "prompt"),
         ("data.max_prompt_length", v.max_prompt_length),
-        # verl counts the stop token as a response token; the agent loop gives PAPO's controller the
+        # verl counts the stop token as a response token; the agent loop gives the fork/merge controller the
         # local trainer's budget (max_new_tokens) and appends the stop token after it
-        ("data.max_response_length", stage_cfg.max_new_tokens + (1 if is_papo else 0)),
+        ("data.max_response_length", stage_cfg.max_new_tokens + (1 if native else 0)),
         ("data.train_batch_size", stage_cfg.prompts_per_step),
         ("data.gen_batch_size", gen_prompts),
         ("data.truncation", "error"),
@@ -199,9 +207,10 @@ def build_overrides(
         ("trainer.resume_mode", "auto"),
         ("trainer.default_local_dir", str(Path(inputs.run_dir) / "checkpoints")),
     ]
-    if is_papo:
+    if native:
         pairs += [
-            # native fork/merge rollouts; rollout log-probs feed bypass mode's old log-probs
+            # native fork/merge rollouts; rollout log-probs feed bypass mode's old log-probs (PAPO) and the
+            # post-merge correction
             ("actor_rollout_ref.rollout.agent.default_agent_loop", AGENT_LOOP),
             ("actor_rollout_ref.rollout.calculate_log_probs", True),
         ]
@@ -224,9 +233,9 @@ def _hydra_value(value: Any) -> str:
 
 def plugin_env_vars(stage_cfg: Any, schema: str = "npr") -> dict[str, str]:
     """What selects our plugins in every process of the job: the package verl imports, the structure
-    schema they parse, and (PAPO) the engine vendor key of the NPR actor."""
+    schema they parse, and (native parallel stages) the engine vendor key of the NPR actor."""
     env = {"VERL_USE_EXTERNAL_MODULES": PLUGIN_PACKAGE, SCHEMA_ENV: schema}
-    if stage_cfg.algorithm == "papo":
+    if native_parallel(stage_cfg):
         env[ENGINE_VENDOR_ENV] = ENGINE_VENDOR
     return env
 
@@ -314,15 +323,17 @@ def compose_verl_config(overrides: list[str]) -> Any:
         return compose(config_name="ppo_trainer", overrides=overrides)
 
 
-def reward_settings(stage_cfg: Any, cfg: Any) -> dict[str, Any]:
+def reward_settings(stage_cfg: Any, cfg: Any, schema: str | None = None) -> dict[str, Any]:
     """What ``verl_reward.compute_score`` reads from each row's ``extra_info``: the stage's reward
-    (stage1 / stage3), its values and the grading settings from params.yaml, and the schema."""
+    (``grading.REWARD_SECTIONS``), its values and the grading settings from params.yaml, and the schema."""
+    from components.grading.config import REWARD_SECTIONS
+
     grading = cfg.grading.model_dump(mode="json")
     return {
         "reward": stage_cfg.reward,
         "reward_values": grading.pop(stage_cfg.reward),
-        "grading": {k: v for k, v in grading.items() if k not in ("stage1", "stage3")},
-        "schema": cfg.schema_name,
+        "grading": {k: v for k, v in grading.items() if k not in REWARD_SECTIONS},
+        "schema": schema or cfg.schema_name,
     }
 
 
@@ -332,12 +343,18 @@ def write_verl_parquet(
     prompts_cfg: Any,
     style: str,
     reward: dict[str, Any] | None = None,
+    generation: dict[str, Any] | None = None,
 ) -> int:
     """Problems as verl's RL dataset: chat ``prompt``, ``data_source``, ``reward_model.ground_truth``.
 
     The user turn is built by ``components.prompts.chat_messages`` (the same text the local trainer uses);
-    ``reward`` (see ``reward_settings``) rides in every row's ``extra_info`` so verl scores with our config.
+    ``reward`` (see ``reward_settings``) rides in every row's ``extra_info`` so verl scores with our config,
+    and so do the recipe's extra engine settings (``generation``: Parallel-R1's paths per block), which the
+    agent loop gives its fork/merge controller.
     """
+    extra = dict(reward or {})
+    if generation:
+        extra["generation"] = dict(generation)
     import pandas as pd
 
     from components.prompts import chat_messages
@@ -349,7 +366,7 @@ def write_verl_parquet(
             "ability": "math",
             "reward_model": {"style": "rule", "ground_truth": str(p["answer"])},
             # index: verl's per-prompt index (rollout traces, the agent loop's seed without a uid)
-            "extra_info": {"id": p["id"], "index": i, "split": p.get("split", "train"), **(reward or {})},
+            "extra_info": {"id": p["id"], "index": i, "split": p.get("split", "train"), **extra},
         }
         for i, p in enumerate(problems)
     ]
@@ -391,11 +408,19 @@ def stage_overrides(stage: str, cfg: Any, inputs: VerlRunInputs) -> list[str]:
 
 
 def prepare_launch(
-    stage: str, cfg: Any, model_path: Path, problems_dir: Path, run_dir: Path, write: bool = True
+    stage: str,
+    cfg: Any,
+    model_path: Path,
+    problems_dir: Path,
+    run_dir: Path,
+    write: bool = True,
+    *,
+    train_problems: list[dict[str, Any]] | None = None,
 ) -> tuple[list[str], Path]:
     """Validate the job (``validate_job``), write the parquet inputs and ``verl_overrides.yaml``;
     returns (argv, overrides file). The validation split is the first ``eval_n`` held-out problems, the
-    ones the local trainer evaluates on."""
+    ones the local trainer evaluates on; the training split is ``problems_dir``'s, or ``train_problems``
+    (a stage with its own data layer: pr1_rl)."""
     from components.artifacts import read_shards
     from components.config import ConfigError
 
@@ -403,17 +428,19 @@ def prepare_launch(
     stage_cfg = getattr(cfg, stage)
     style = stage_cfg.prompt_style
     run_dir = Path(run_dir)
-    train = read_shards(problems_dir, stem="train")
+    train = train_problems if train_problems is not None else read_shards(problems_dir, stem="train")
     test = read_shards(problems_dir, stem="test")[: stage_cfg.eval_n]
     if not test:
         raise ConfigError(
             f"{stage}: {problems_dir} has no held-out problems for verl's validation set; "
             "set sample_orz.test_n > 0"
         )
-    reward = reward_settings(stage_cfg, cfg)
+    schema = cfg.schema_of(stage)
+    reward = reward_settings(stage_cfg, cfg, schema)
+    engine = cfg.engine_settings_of(stage)
     if write:
-        write_verl_parquet(train, run_dir / "train.parquet", cfg.prompts, style, reward)
-        write_verl_parquet(test, run_dir / "val.parquet", cfg.prompts, style, reward)
+        write_verl_parquet(train, run_dir / "train.parquet", cfg.prompts, style, reward, engine)
+        write_verl_parquet(test, run_dir / "val.parquet", cfg.prompts, style, reward, engine)
     inputs = VerlRunInputs(
         model_path=str(Path(model_path).resolve()),
         train_files=str((run_dir / "train.parquet").resolve()),
@@ -422,8 +449,8 @@ def prepare_launch(
     )
     overrides = stage_overrides(stage, cfg, inputs)
     job_id = f"npr-{stage}-{cfg.profile}"
-    path = write_launch_files(run_dir, stage, stage_cfg, overrides, job_id, cfg.schema_name)
-    return ray_job_command(stage_cfg, overrides, job_id, cfg.schema_name), path
+    path = write_launch_files(run_dir, stage, stage_cfg, overrides, job_id, schema)
+    return ray_job_command(stage_cfg, overrides, job_id, schema), path
 
 
 # ------------------------------------------------------------------------------------------- validation
@@ -512,7 +539,12 @@ def _check_stage_settings(stage: str, stage_cfg: Any, cfg: Any) -> None:
     """Our own cross-field rules of a verl job, checked before verl sees it (errors name our settings)."""
     from components.config import ConfigError
 
-    if stage_cfg.algorithm != "papo":
+    if stage_cfg.algorithm == "papo" and not native_parallel(stage_cfg):
+        raise ConfigError(
+            f"{stage}: PAPO on verl rolls out natively in parallel with the structural filter; set "
+            f"{stage}.engine_mode: parallel and {stage}.structural_filter: true"
+        )
+    if not native_parallel(stage_cfg):
         return
     v = stage_cfg.verl
     if v.use_remove_padding:
@@ -530,12 +562,12 @@ def _check_stage_settings(stage: str, stage_cfg: Any, cfg: Any) -> None:
             f"models.attn_implementation must be one of {PARALLEL_ATTENTION} for {stage}: flash-attention "
             "takes no 4D mask"
         )
-    if stage_cfg.engine_mode != "parallel" or not stage_cfg.structural_filter:
+    if not stage_cfg.structural_filter:
         raise ConfigError(
-            f"{stage}: PAPO on verl rolls out natively in parallel with the structural filter; set "
-            f"{stage}.engine_mode: parallel and {stage}.structural_filter: true"
+            f"{stage}: native parallel rollouts need the structural filter (a broken trace has no parallel "
+            f"mask); set {stage}.structural_filter: true"
         )
-    if stage_cfg.reward != "stage3":
+    if stage_cfg.algorithm == "papo" and stage_cfg.reward != "stage3":
         raise ConfigError(
             f"{stage}.reward must be stage3 for PAPO (the agent loop scores its rollouts with it)"
         )
@@ -559,7 +591,8 @@ def validate_job(stage: str, cfg: Any) -> VerlJobCheck:
     _check_stage_settings(stage, stage_cfg, cfg)
     inputs, _ = job_inputs(stage, cfg)
     overrides = stage_overrides(stage, cfg, inputs)
-    env_vars = plugin_env_vars(stage_cfg, cfg.schema_name)
+    schema = cfg.schema_of(stage)
+    env_vars = plugin_env_vars(stage_cfg, schema)
 
     from omegaconf import OmegaConf
     from verl.trainer.ppo.core_algos import get_adv_estimator_fn, get_policy_loss_fn
@@ -603,9 +636,10 @@ def validate_job(stage: str, cfg: Any) -> VerlJobCheck:
     with _environment({**env_vars, "VERL_ENGINE_DEVICE": "cuda"}, unset):
         engine_cls = EngineRegistry.get_engine_cls("language_model", actor.strategy)
     parallel_actor = issubclass(engine_cls, NPRParallelEngine)
-    if (stage_cfg.algorithm == "papo") != parallel_actor:
+    native = native_parallel(stage_cfg)
+    if native != parallel_actor:
         raise ConfigError(
-            f"{stage}: the actor engine {engine_cls.__name__} does not match algorithm {stage_cfg.algorithm}"
+            f"{stage}: the actor engine {engine_cls.__name__} does not match engine_mode {stage_cfg.engine_mode}"
         )
 
     agent_name = config.actor_rollout_ref.rollout.agent.default_agent_loop
@@ -613,9 +647,9 @@ def validate_job(stage: str, cfg: Any) -> VerlJobCheck:
         agent_cls = registered_agent_loop(agent_name)
     except (KeyError, ImportError) as err:
         raise ConfigError(f"{stage}: verl has no agent loop {agent_name!r}: {err}") from err
-    if (stage_cfg.algorithm == "papo") != (agent_name == AGENT_LOOP):
+    if native != (agent_name == AGENT_LOOP):
         raise ConfigError(
-            f"{stage}: agent loop {agent_name!r} does not match algorithm {stage_cfg.algorithm}"
+            f"{stage}: agent loop {agent_name!r} does not match engine_mode {stage_cfg.engine_mode}"
         )
 
     manager_cls = resolve_reward_manager_cls(config)
@@ -631,11 +665,12 @@ def validate_job(stage: str, cfg: Any) -> VerlJobCheck:
     reward_fn = get_custom_reward_fn(reward_cfg)
     if reward_fn is None:
         raise ConfigError(f"{stage}: the job names no reward function")
+    # global_step: what the agent loop and the reward manager add for scheduled rewards
     probe = reward_fn(
         data_source="probe",
         solution_str="\\boxed{1}",
         ground_truth="1",
-        extra_info=reward_settings(stage_cfg, cfg),
+        extra_info={**reward_settings(stage_cfg, cfg, schema), "global_step": 1},
     )
     if not isinstance(probe, dict) or "score" not in probe:
         raise ConfigError(f"{stage}: the reward function returned {probe!r}, not verl's score dict")
@@ -698,10 +733,16 @@ def main(argv: list[str] | None = None) -> int:
         overrides = stage_overrides(args.stage, cfg, inputs)
         print(
             shlex.join(
-                ray_job_command(stage_cfg, overrides, f"npr-{args.stage}-{cfg.profile}", cfg.schema_name)
+                ray_job_command(
+                    stage_cfg, overrides, f"npr-{args.stage}-{cfg.profile}", cfg.schema_of(args.stage)
+                )
             )
         )
         return 0
+    if args.stage == "pr1_rl":
+        # its training problems come from the Parallel-R1 data layer, which the stage runs
+        print("error: pr1_rl's job is written and submitted by its stage: run `npr stage pr1_rl`")
+        return 2
     io = stage_io(args.stage)
     run_dir = Path(cfg.run.artifacts_dir) / args.stage / "work" / "verl"
     command, path = prepare_launch(

@@ -49,6 +49,12 @@ SMALL = [
     "sr_rl.eval_n=40",
     "sr_rl.eval_every=2",
     "sr_rl.save_every=2",
+    "pr1_coldstart.max_steps=4",
+    "pr1_coldstart.data.n=128",
+    "pr1_rl.steps=2",
+    "pr1_rl.eval_n=40",
+    "pr1_rl.eval_every=2",
+    "pr1_rl.save_every=2",
 ]
 
 
@@ -84,7 +90,7 @@ def test_tiny_pipeline_end_to_end(clone: Path) -> None:
     assert f"Task run 'stage-{stages[-1]}" in proc.stdout + proc.stderr
     assert "report: artifacts/evaluate/report/report.md" in proc.stdout
     report = (clone / "artifacts/evaluate/report/report.md").read_text()
-    assert "papo_rl" in report and "tiny_test" in report
+    assert "papo_rl" in report and "pr1_rl" in report and "tiny_test" in report
     _check_metrics_and_plots(clone, stages)
 
     # nothing to do the second time

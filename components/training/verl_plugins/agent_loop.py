@@ -19,7 +19,8 @@ every backend) through the async driver (``components.engine.drive``) against ve
   trainer (``rl_batch.response_mask_of``), which trains the layout tokens too, so a PAPO checkpoint keeps
   writing the format when it is decoded without the engine (sequential visibility, refused forks);
 - the reward is set here (``reward_score``, so verl's reward loop is skipped for these samples): the
-  stage's reward (stage3) from ``components/grading/verl_reward.py:compute_score`` on the response text
+  stage's reward (stage3; Parallel-R1's accuracy rewards, with the sample's ``global_steps`` for the
+  alternating one) from ``components/grading/verl_reward.py:compute_score`` on the response text
   with its tags, plus DAPO's overlong penalty when configured, exactly as the local trainer scores;
 - the structural filter: a training trace the canonical mask builder rejects (``rl_batch.
   structural_rejection``), one the reward marks filtered, or an empty one is dropped (``[]``) and counted
@@ -27,8 +28,9 @@ every backend) through the async driver (``components.engine.drive``) against ve
   "test"``) are never dropped: a malformed answer counts as one in the held-out metrics.
 
 The settings of the controller are the local trainer's rollout settings (``RLTrainer._gen_cfg``):
-parallel mode, the rollout's temperature / top-p / top-k, ``max_new_tokens`` = ``rollout.response_length``
-minus one (the stop token is a response token in verl; the launcher sets the response length to the stage's
+parallel mode, the rollout's temperature / top-p / top-k, the recipe's engine settings the launcher puts in
+each row (``extra_info["generation"]``: Parallel-R1's paths per block), ``max_new_tokens`` =
+``rollout.response_length`` minus one (the stop token is a response token in verl; the launcher sets the response length to the stage's
 ``max_new_tokens`` + 1), no step repetition penalty, default branch limits.
 """
 
@@ -107,8 +109,12 @@ class NPRParallelAgentLoop(AgentLoopBase):
         self.overlong = reward_kwargs.get("overlong_buffer_cfg") or {}
         self.max_resp_len = reward_kwargs.get("max_resp_len") or self.response_length
 
-    def generation_config(self, sampling_params: dict[str, Any], seed: int) -> GenerationConfig:
-        """The controller's settings: the local trainer's rollout settings (module docstring)."""
+    def generation_config(
+        self, sampling_params: dict[str, Any], seed: int, engine: dict[str, Any] | None = None
+    ) -> GenerationConfig:
+        """The controller's settings: the local trainer's rollout settings (module docstring), plus the
+        recipe's engine settings from the row (``extra_info["generation"]``: Parallel-R1's paths per block
+        and path cap)."""
         return GenerationConfig(
             mode="parallel",
             temperature=float(sampling_params.get("temperature", 1.0)),
@@ -117,6 +123,7 @@ class NPRParallelAgentLoop(AgentLoopBase):
             max_new_tokens=self.response_length - 1,
             step_repetition_penalty=1.0,
             seed=seed,
+            **(engine or {}),
         )
 
     async def run(
@@ -129,7 +136,7 @@ class NPRParallelAgentLoop(AgentLoopBase):
         seed = sample_seed(
             kwargs.get("uid", kwargs.get("index")), kwargs.get("session_id"), kwargs.get("global_steps")
         )
-        gen_cfg = self.generation_config(sampling_params, seed)
+        gen_cfg = self.generation_config(sampling_params, seed, extra_info.get("generation"))
         policy = DecodePolicy.from_config(gen_cfg, self.tokenizer, self.tags)
         controller = SequenceController(prompt_ids, policy, seed=seed)
         request_id = uuid4().hex  # one per sample: sticky routing keeps its prefix cache on one replica
@@ -148,10 +155,14 @@ class NPRParallelAgentLoop(AgentLoopBase):
         logprobs = list(gen.logprobs) + ([gen.stop_logprob] if stop else [])
 
         score_start = time.perf_counter()
+        # scheduled rewards (Parallel-R1's alternating one) read the training step
+        score_info = dict(extra_info)
+        if kwargs.get("global_steps") is not None:
+            score_info["global_step"] = int(_plain(kwargs["global_steps"]))
         result = await self.loop.run_in_executor(
             None,
             lambda: _compute_score(
-                kwargs.get("data_source"), gen.text, _plain(kwargs.get("reward_model") or {}), extra_info
+                kwargs.get("data_source"), gen.text, _plain(kwargs.get("reward_model") or {}), score_info
             ),
         )
         reward = float(result["score"])

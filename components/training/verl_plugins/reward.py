@@ -10,14 +10,18 @@ tokens and drops the trailing end-of-turn token, which makes the text exactly th
 tags are plain text is decoded the same way as before).
 
 The score itself is ``components/grading/verl_reward.py:compute_score`` (``reward.custom_reward_function``),
-which reads the stage's reward (stage1 / stage3) and its values from each row's ``extra_info``.
+which reads the stage's reward (stage1 / stage3 / accuracy / accuracy_parallel_interv) and its values from each
+row's ``extra_info``. A scheduled reward (Parallel-R1's alternating one) also needs the training step: verl's
+agent-loop worker hands the manager each sample's fields, ``global_steps`` among them (the v1 trainer puts
+it in every prompt), and the manager copies it into ``extra_info["global_step"]`` before scoring.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 from verl.experimental.reward_loop.reward_manager import register
 from verl.experimental.reward_loop.reward_manager.dapo import DAPORewardManager
 
@@ -50,3 +54,19 @@ class TagKeepingRewardManager(DAPORewardManager):
 
     def __init__(self, config: Any, tokenizer: Any, compute_score: Any, **kwargs: Any) -> None:
         super().__init__(config, TagKeepingDecoder(tokenizer), compute_score, **kwargs)
+
+    async def run_single(self, data: Any) -> dict:
+        """verl's DAPO scoring of one sample, with the sample's training step in its ``extra_info``."""
+        steps = data.non_tensor_batch.get("global_steps")
+        if steps is not None:
+            infos = data.non_tensor_batch.get("extra_info")
+            if infos is None:
+                infos = np.array([{}] * len(steps), dtype=object)
+            data.non_tensor_batch["extra_info"] = np.array(
+                [
+                    {**(dict(info) if isinstance(info, Mapping) else {}), "global_step": int(step)}
+                    for info, step in zip(infos, steps, strict=True)
+                ],
+                dtype=object,
+            )
+        return await super().run_single(data)

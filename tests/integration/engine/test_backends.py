@@ -10,8 +10,10 @@ post-merge tokens equal a sequential re-read of the flat text), refusals with re
 repetition penalty inside steps here: SGLang returns the log-probs of the penalised distribution, the torch
 engine those of the model's own.
 
-Cases are data (``CASES``): a schema, a forced block prefix, what the fork must produce. Issue #20 adds
-Parallel-R1's here.
+Cases are data (``CASES``): a schema, a forced block prefix, what the fork must produce. NPR's fork at
+``</guideline>`` into one labelled branch per plan; Parallel-R1's (issue #20) at ``<Parallel>`` into a
+configured number of unlabelled paths, each closed by ``</Path>``, with ``</Parallel><Summary>`` forced into
+the main stream after them. The world's tokenizer holds both schemas' tags as single tokens.
 """
 
 from __future__ import annotations
@@ -31,9 +33,17 @@ from components.engine.async_driver import generate_async
 from components.engine.backends.torch_tokens import TorchTokenGenerator
 from components.engine.controller import end_of_turn_ids
 from components.engine.ledger import TokenLedger
+from components.models.tags import add_tag_tokens
 from components.models.tiny import tiny_test_world
 from components.ops.sglang_server import launched
-from components.structure import StructureError, TagIds, parallel_attention_inputs, prediction_sources
+from components.structure import (
+    Role,
+    StructureError,
+    TagIds,
+    get_schema,
+    parallel_attention_inputs,
+    prediction_sources,
+)
 
 REPO = Path(__file__).resolve().parents[3]
 BACKENDS = ["torch", "torch-reprefill", "sglang", "async"]
@@ -41,12 +51,14 @@ BACKENDS = ["torch", "torch-reprefill", "sglang", "async"]
 
 @dataclass(frozen=True)
 class Case:
-    """A parallel-decoding case: the schema, the block prefix forced into the response, its labels."""
+    """A parallel-decoding case: the schema, the block prefix forced into the response, its labels, and
+    (fixed-branch fork rules) the number of paths the config asks for."""
 
     name: str
     schema: str
     prefix: str
     labels: tuple[str, ...]
+    paths: int | None = None
 
 
 CASES = [
@@ -57,6 +69,8 @@ CASES = [
         "<guideline><plan>1: a</plan><plan>2: b</plan><plan>3: c</plan></guideline>",
         ("1", "2", "3"),
     ),
+    Case("pr1-2", "parallel_r1", "<Parallel>", ("", "")),
+    Case("pr1-3", "parallel_r1", "<Parallel>", ("", "", ""), paths=3),
 ]
 SIX_PLANS = "<guideline>" + "".join(f"<plan>{i}: p</plan>" for i in range(1, 7)) + "</guideline>"
 
@@ -64,10 +78,16 @@ SIX_PLANS = "<guideline>" + "".join(f"<plan>{i}: p</plan>" for i in range(1, 7))
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     model, tok = tiny_test_world(seed=0)
+    # Parallel-R1's tags as single tokens too (as pr1_coldstart makes them)
+    add_tag_tokens(model, tok, "parallel_r1")
     path = tmp_path_factory.mktemp("tiny-world")
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return model, tok, TagIds.from_tokenizer(tok, "npr"), path
+
+
+def tags_for(world, schema: str) -> TagIds:
+    return TagIds.from_tokenizer(world[1], schema)
 
 
 @pytest.fixture(scope="module")
@@ -95,9 +115,11 @@ def standin(world, tmp_path_factory):
         yield url
 
 
-def run_backend(backend: str, world, standin_url: str | None, prompts, cfg: GenerationConfig, prefixes=None):
-    model, tok, tags, _ = world
-    tags = tags if cfg.mode == "parallel" else None
+def run_backend(
+    backend: str, world, standin_url: str | None, prompts, cfg: GenerationConfig, prefixes=None, schema="npr"
+):
+    model, tok, _, _ = world
+    tags = tags_for(world, schema) if cfg.mode == "parallel" else None
     if backend == "torch":
         return generate(model, tok, prompts, cfg, tags, response_prefixes=prefixes)
     if backend == "torch-reprefill":
@@ -121,8 +143,8 @@ class Backend:
         self.name, self.world, self.url = name, world, url
         self.merge_mode = "shared_kv" if name == "torch" else "reprefill"
 
-    def __call__(self, prompts, cfg: GenerationConfig, prefixes=None):
-        gens = run_backend(self.name, self.world, self.url, prompts, cfg, prefixes)
+    def __call__(self, prompts, cfg: GenerationConfig, prefixes=None, schema: str = "npr"):
+        gens = run_backend(self.name, self.world, self.url, prompts, cfg, prefixes, schema)
         assert all(g.merge_mode == self.merge_mode for g in gens)
         return gens
 
@@ -178,29 +200,39 @@ def test_sequential_logprobs_equal_teacher_forcing(world, backend) -> None:
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_parallel_structure_positions_and_branch_logprobs(world, backend, case: Case) -> None:
-    model, tok, tags, _ = world
+    model, tok, _, _ = world
+    tags = tags_for(world, case.schema)
+    schema = get_schema(case.schema)
     n, max_step = 6, 6
     prefix_len = len(tok.encode(case.prefix, add_special_tokens=False))
     budget = prefix_len + len(case.labels) * max_step + 12
-    cfg = parallel(max_new_tokens=budget, max_step_tokens=max_step, seed=4)
-    gens = backend(_prompts(tok, n), cfg, [case.prefix] * n)
-    ids_of = tags.ids
+    cfg = parallel(max_new_tokens=budget, max_step_tokens=max_step, seed=4, paths=case.paths)
+    gens = backend(_prompts(tok, n), cfg, [case.prefix] * n, schema=case.schema)
+    # the schema's fork rule, by role: NPR </guideline> -> <step>...</step> -> <takeaway>; Parallel-R1
+    # <Parallel> -> <Path>...</Path> -> </Parallel> <Summary> (forced)
+    rule = schema.fork
+    trigger, opener, closer = (tags.id_for(r) for r in (rule.trigger, rule.branch_open, rule.branch_close))
+    merged_first = tags.id_for(rule.merge[0])
+    summary_close = tags.id_for(Role.SUMMARY_CLOSE)
     checked = 0
     for g in gens:
         assert g.total_tokens <= budget and g.fork_refusals == []
         block = g.blocks[0]
         assert block.merged and tuple(block.labels) == case.labels and block.n_branches == len(case.labels)
-        # canonical layout: </guideline> then <step>; each </step> then <step> or <takeaway>
+        # canonical layout: the trigger then a branch opener; each closer then the next opener or the merge
         start = block.start
-        assert g.token_ids[start - 1] == ids_of["</guideline>"] and g.token_ids[start] == ids_of["<step>"]
+        assert g.token_ids[start - 1] == trigger and g.token_ids[start] == opener
         ends = [start + sum(block.branch_tokens[: j + 1]) for j in range(block.n_branches)]
         for j, end in enumerate(ends):
-            assert g.token_ids[end - 1] == ids_of["</step>"]
-            nxt = ids_of["<step>"] if j + 1 < len(ends) else ids_of["<takeaway>"]
+            assert g.token_ids[end - 1] == closer
+            nxt = opener if j + 1 < len(ends) else merged_first
             if end < len(g.token_ids):
                 assert g.token_ids[end] == nxt
+        merge = [tags.id_for(r) for r in rule.merge]
+        assert g.token_ids[ends[-1] : ends[-1] + len(merge)] == merge[: len(g.token_ids) - ends[-1]]
+        assert all(g.forced[ends[-1] : ends[-1] + len(merge)])
         p = len(g.prompt_ids)
-        ids = g.prompt_ids + g.token_ids + [ids_of["</takeaway>"]]
+        ids = g.prompt_ids + g.token_ids + [summary_close]
         try:
             mask, pos = parallel_attention_inputs(ids, tags, start=p)
         except StructureError:
@@ -269,3 +301,25 @@ def test_budget_is_never_overspent_and_a_cut_block_is_kept_unmerged(world, backe
             assert g.finish_reason == "length" and not any(math.isnan(x) for x in g.logprobs[:prefix_len])
             assert g.blocks[0].labels == list(case.labels) and sum(g.blocks[0].branch_tokens) <= 15
     assert cut >= 1  # a random model rarely closes a step within one content token
+
+
+def test_parallel_r1_refuses_more_paths_than_max_branches(world, backend) -> None:
+    _, tok, _, _ = world
+    cfg = parallel(max_new_tokens=40, max_step_tokens=6, seed=1, paths=6, max_branches=5)
+    g = backend(_prompts(tok, 1), cfg, ["<Parallel>"], schema="parallel_r1")[0]
+    assert not g.parallel_taken and g.fork_refusals[0] == "6 branches > max_branches 5"
+    assert g.total_tokens <= 40 and g.finish_reason in {"stop", "length"}
+
+
+def test_parallel_r1_fork_admitted_exactly_at_the_budget_edge(world, backend) -> None:
+    """Two paths of <Path> + one token + </Path>, then the forced </Parallel><Summary>: 8 tokens after the
+    trigger; one token less and the fork is refused."""
+    _, tok, _, _ = world
+    cost = TokenLedger(10).fork_cost([1, 1], min_step_tokens=1, merge_tokens=2)
+    edge = parallel(max_new_tokens=1 + cost, max_step_tokens=3)
+    g = backend(_prompts(tok, 1), edge, ["<Parallel>"], schema="parallel_r1")[0]
+    assert g.parallel_taken and g.fork_refusals == [] and g.total_tokens == 1 + cost == 9
+    assert g.blocks[0].merged and g.blocks[0].branch_tokens == [3, 3] and g.finish_reason == "length"
+    short = parallel(max_new_tokens=cost, max_step_tokens=3)
+    g = backend(_prompts(tok, 1), short, ["<Parallel>"], schema="parallel_r1")[0]
+    assert not g.parallel_taken and "token budget" in g.fork_refusals[0]

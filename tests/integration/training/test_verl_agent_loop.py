@@ -9,6 +9,7 @@ cannot run on this CPU-only machine: its server needs the CUDA kernels, see stac
 from __future__ import annotations
 
 import asyncio
+import copy
 import math
 from typing import Any
 
@@ -21,6 +22,7 @@ from components.config import load_config
 from components.data.synthetic import generate_problems
 from components.engine.backends.torch_tokens import TorchTokenGenerator
 from components.engine.controller import end_of_turn_ids
+from components.models.tags import add_tag_tokens
 from components.parallel import TagIds
 from components.prompts import chat_messages
 from components.training.papo import post_merge_mask
@@ -166,3 +168,85 @@ def test_a_structurally_invalid_trace_is_dropped_and_counted_but_kept_for_valida
 
     held_out = asyncio.run(one("test"))
     assert held_out != [] and held_out.extra_fields["reward_extra_info"]["structurally_rejected"] is True
+
+
+def test_parallel_r1_rollouts_fork_at_parallel_into_the_paths_the_row_asks_for(warm_world, monkeypatch):
+    """pr1_rl's job: NPR_SCHEMA=parallel_r1, the paths per block and the path cap from the row
+    (``extra_info.generation``), the alternating reward at the sample's ``global_steps``."""
+    model, tok = warm_world
+    tok = copy.deepcopy(tok)  # the session's tokenizer stays NPR-only for the other tests
+    add_tag_tokens(model, tok, "parallel_r1")
+    monkeypatch.setenv("NPR_SCHEMA", "parallel_r1")
+    cfg = load_config(profile="tiny")
+    tags = TagIds.from_tokenizer(tok, "parallel_r1")
+    opener = tok.encode("<Parallel>", add_special_tokens=False)
+    problems = generate_problems(8, seed=5)
+
+    class Opening(TorchServerManager):
+        """Answers each sample's first request with <Parallel> (a fresh model rarely writes it), then samples."""
+
+        seen: set[str] = set()
+
+        async def generate(self, request_id, *, prompt_ids, sampling_params, **kw):
+            if request_id not in self.seen:
+                self.seen.add(request_id)
+                self.request_ids.append(request_id)
+                return TokenOutput(token_ids=opener, log_probs=[-1.0], stop_reason="stop")
+            return await super().generate(request_id, prompt_ids=prompt_ids, sampling_params=sampling_params)
+
+    def row(problem: dict) -> dict:
+        settings = reward_settings(cfg.pr1_rl, cfg, "parallel_r1")
+        return {
+            **dataset_row(problem, cfg),
+            "raw_prompt": chat_messages(problem["problem"], cfg.prompts, "parallel_r1"),
+            "extra_info": {
+                "id": problem["id"],
+                "split": "test",
+                **settings,
+                "generation": {"paths": 3, "max_step_tokens": 6},
+            },
+            "global_steps": 9,
+        }
+
+    async def all_rollouts():
+        config = compose_verl_config(build_overrides("pr1_rl", cfg.pr1_rl, INPUTS, "npr"))
+        assert config.actor_rollout_ref.rollout.agent.default_agent_loop == "npr_parallel"
+        loop = registered_agent_loop("npr_parallel")(
+            trainer_config=DictConfigWrap(config),
+            server_manager=Opening(model, tok),
+            tokenizer=tok,
+            processor=None,
+            dataset_cls=RLHFDataset,
+            data_config=DictConfigWrap(config.data),
+        )
+        return await asyncio.gather(*(loop.run(dict(SAMPLING), **row(p)) for p in problems))
+
+    outputs = asyncio.run(all_rollouts())  # validation rows: none is dropped
+    assert len(outputs) == len(problems)
+    merged = [o for o in outputs if o.extra_fields["npr_structure"]["blocks"][0]["merged"]]
+    assert len(merged) >= 3
+    after = [tags.ids["</Parallel>"], tags.ids["<Summary>"]]
+    for o in outputs:
+        block = o.extra_fields["npr_structure"]["blocks"][0]
+        assert len(block["branch_tokens"]) == 3  # the row's paths, not the schema's 2
+        assert o.reward_score in (1.2, 1.0, -1.0)  # step 9 rewards parallel answers
+    for o in merged:
+        end = 1 + sum(o.extra_fields["npr_structure"]["blocks"][0]["branch_tokens"])
+        assert o.response_ids[end : end + 2] == after  # forced into the main stream after the paths
+    # the trainer's log-probs of the paths: each trace cut after the forced merge and its summary closed
+    # (what the model wrote after it does not change the paths' context)
+    cut = []
+    for o in merged:
+        end = 1 + sum(o.extra_fields["npr_structure"]["blocks"][0]["branch_tokens"])
+        response = o.response_ids[: end + 2] + [tags.ids["</Summary>"]]
+        cut.append((Rollout("g", "p", "0", o.prompt_ids, response, "", "stop", True), o, end))
+    batch = build_policy_batch([r for r, _, _ in cut], tok.pad_token_id, tags)
+    with torch.no_grad():
+        trainer, _ = response_log_probs(model, batch)
+    diffs = [
+        abs(lp - float(trainer[b, i]))
+        for b, (_, o, end) in enumerate(cut)
+        for i, lp in enumerate(o.response_logprobs[:end])
+        if math.isfinite(lp) and i > 0
+    ]
+    assert diffs and max(diffs) <= 1e-4  # paths: exactly the trainer's parallel log-probs

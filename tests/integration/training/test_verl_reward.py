@@ -115,3 +115,56 @@ def test_decoder_keeps_tags_and_drops_only_the_end_of_turn(tokenizer):
     ids = tokenizer.encode("<step>1: x</step>", add_special_tokens=False)
     assert dec.decode(ids + [tokenizer.eos_token_id], skip_special_tokens=True) == "<step>1: x</step>"
     assert dec.pad_token_id == tokenizer.pad_token_id  # everything else is the tokenizer's
+
+
+def test_the_manager_hands_the_training_step_to_a_scheduled_reward(tokenizer, in_repo: Path):
+    """pr1_rl (Seen, verl's single-turn loop): the alternating reward reads the sample's global_steps,
+    which verl's agent-loop worker passes with the sample's fields."""
+    from components.models.tags import add_tag_tokens
+    from components.models.tiny import tiny_test_world
+
+    model, tok = tiny_test_world(seed=0)
+    add_tag_tokens(model, tok, "parallel_r1")
+    cfg = load_config(profile="tiny", overrides=["parallel_r1.attention=seen"])
+    config = compose_verl_config(build_overrides("pr1_rl", cfg.pr1_rl, INPUTS, "npr"))
+    parallel = (
+        "<Parallel><Path>3 + 4 = 7 here</Path><Path>4 + 3 = 7 too</Path></Parallel>"
+        "<Summary>both paths give 7</Summary>\nFinal Answer: 7"
+    )
+    sequential = "3 + 4 = 7.\nFinal Answer: 7"
+
+    def sample(response: str, step: int | None) -> DataProto:
+        prompt = tok.encode("Compute 3 + 4.", add_special_tokens=False)
+        resp = tok.encode(response, add_special_tokens=False) + [tok.eos_token_id]
+        non_tensors = {
+            "data_source": np.array(["synthetic"], dtype=object),
+            "reward_model": np.array([{"ground_truth": "7"}], dtype=object),
+            "extra_info": np.array([reward_settings(cfg.pr1_rl, cfg, "parallel_r1")], dtype=object),
+        }
+        if step is not None:
+            non_tensors["global_steps"] = np.array([step])
+        return DataProto.from_dict(
+            tensors={
+                "prompts": torch.tensor([prompt]),
+                "responses": torch.tensor([resp]),
+                "attention_mask": torch.ones(1, len(prompt) + len(resp), dtype=torch.long),
+            },
+            non_tensors=non_tensors,
+        )
+
+    async def run() -> tuple[list[float], BaseException | None]:
+        manager = load_reward_manager(config, tok)
+        scores = [
+            (await manager.run_single(sample(text, step)))["reward_score"]
+            for step in (8, 9)
+            for text in (parallel, sequential)
+        ]
+        try:
+            await manager.run_single(sample(parallel, None))
+        except ValueError as err:
+            return scores, err
+        return scores, None
+
+    scores, missing = asyncio.run(run())
+    assert scores == [1.0, 1.0, 1.2, 1.0]
+    assert missing is not None and "training step" in str(missing)

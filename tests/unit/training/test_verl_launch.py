@@ -1,5 +1,6 @@
 """verl launch: every generated override set composes with the installed verl's packaged Hydra config, and
-verl's own validation accepts the job (``validate_job``) for both profiles and all three RL stages."""
+verl's own validation accepts the job (``validate_job``) for both profiles and every RL stage (NPR's three,
+Parallel-R1's ``pr1_rl`` in both its Unseen and Seen variants)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from components.training.verl_launch import (
 from components.training.verl_launch import main as verl_launch_main
 
 INPUTS = VerlRunInputs("/models/seed", "/data/train.parquet", "/data/val.parquet", "/runs/x")
-STAGES = ["npr_zero", "papo_rl", "sr_rl"]
+STAGES = ["npr_zero", "papo_rl", "sr_rl", "pr1_rl"]
 
 
 @pytest.mark.parametrize("profile", ["tiny", "qwen3-4b"])
@@ -59,11 +60,34 @@ def test_overrides_compose_with_installed_verl(profile: str, stage: str):
             actor.policy_loss.rollout_correction.rollout_is_threshold
             == stage_cfg.rollout_correction.is_threshold
         )
+    elif stage == "pr1_rl":
+        # Parallel-R1 (Unseen): GRPO on native parallel rollouts, trained with the canonical mask
+        assert (composed.algorithm.adv_estimator, actor.policy_loss.loss_mode) == ("grpo", "vanilla")
+        assert composed.algorithm.filter_groups.enable is False
+        assert composed.algorithm.rollout_correction.bypass_mode is False
+        assert rollout.agent.default_agent_loop == "npr_parallel" and rollout.calculate_log_probs is True
+        assert composed.actor_rollout_ref.model.use_remove_padding is False
+        assert composed.data.max_response_length == stage_cfg.max_new_tokens + 1
     else:
         assert (composed.algorithm.adv_estimator, actor.policy_loss.loss_mode) == ("grpo", "vanilla")
         assert composed.algorithm.filter_groups.enable is stage_cfg.dynamic_sampling
         assert composed.algorithm.rollout_correction.bypass_mode is False
         assert rollout.agent.default_agent_loop == "single_turn_agent"
+
+
+def test_parallel_r1_paper_settings_reach_verl():
+    """qwen3-4b's pr1_rl carries the paper's run (rl_exp_s2.sh, npr-reference.md §3.5)."""
+    cfg = load_config(profile="qwen3-4b")
+    composed = compose_verl_config(build_overrides("pr1_rl", cfg.pr1_rl, INPUTS, "npr"))
+    actor, rollout = composed.actor_rollout_ref.actor, composed.actor_rollout_ref.rollout
+    assert composed.algorithm.adv_estimator == "grpo" and composed.algorithm.norm_adv_by_std_in_grpo is True
+    assert (composed.data.train_batch_size, rollout.n, actor.optim.lr) == (256, 8, 1e-6)
+    assert (composed.data.max_prompt_length, cfg.pr1_rl.max_new_tokens) == (2000, 3000)
+    assert (actor.clip_ratio_low, actor.clip_ratio_high, actor.ppo_mini_batch_size) == (0.2, 0.28, 128)
+    assert (actor.use_kl_loss, composed.algorithm.use_kl_in_reward) == (False, False)
+    assert (rollout.temperature, rollout.top_p, rollout.val_kwargs.n) == (1.0, 1.0, 1)
+    assert cfg.pr1_rl.reward == "accuracy_parallel_interv" and cfg.parallel_r1.paths == 2
+    assert cfg.parallel_r1.max_path_tokens == 4096 and cfg.pr1_rl.problems.source == "local"
 
 
 def test_paper_stage1_settings_reach_verl():
@@ -160,9 +184,28 @@ def test_verl_accepts_every_rl_job(profile: str, stage: str):
         assert (check.policy_loss, check.adv_estimator) == ("papo", "papo") and check.bypass_mode
         assert (check.remove_padding, check.ulysses_sp, check.attn_implementation) == (False, 1, "sdpa")
         assert check.post_merge_is_threshold == cfg.papo_rl.rollout_correction.is_threshold
+        assert check.env_vars["NPR_SCHEMA"] == "npr"
+    elif stage == "pr1_rl":
+        assert cfg.parallel_r1.attention == "unseen" and check.native_parallel
+        assert check.engine_class.endswith("NPRParallelEngine") and check.agent_loop == "npr_parallel"
+        assert (check.policy_loss, check.adv_estimator, check.bypass_mode) == ("vanilla", "grpo", False)
+        assert check.post_merge_is_threshold == cfg.pr1_rl.rollout_correction.is_threshold
+        assert check.env_vars["NPR_SCHEMA"] == "parallel_r1"
     else:
         assert not check.native_parallel
         assert check.engine_class.endswith("FSDPEngineWithLMHead") and check.agent_loop == "single_turn_agent"
+
+
+@pytest.mark.parametrize("profile", ["tiny", "qwen3-4b"])
+def test_verl_accepts_the_seen_parallel_r1_job(profile: str):
+    """Seen: sequential rollouts by verl's own single-turn loop, the stock (causal) actor; the scheduled
+    reward gets its step from the tag-keeping reward manager (test_verl_reward)."""
+    cfg = load_config(profile=profile, overrides=["parallel_r1.attention=seen"])
+    check = validate_job("pr1_rl", cfg)
+    assert not check.native_parallel and check.agent_loop == "single_turn_agent"
+    assert check.engine_class.endswith("FSDPEngineWithLMHead") and "VERL_ENGINE_VENDOR" not in check.env_vars
+    assert (check.policy_loss, check.adv_estimator, check.remove_padding) == ("vanilla", "grpo", True)
+    assert check.env_vars["NPR_SCHEMA"] == "parallel_r1"
 
 
 def test_a_job_verl_rejects_raises_config_error_naming_our_setting():
@@ -179,6 +222,11 @@ def test_a_job_verl_rejects_raises_config_error_naming_our_setting():
         )
     with pytest.raises(ConfigError, match="papo_rl.verl.ulysses_sp"):
         validate_job("papo_rl", load_config(profile="qwen3-4b", overrides=["papo_rl.verl.ulysses_sp=2"]))
+    # the NPR actor's rules hold for every native parallel stage, Parallel-R1's Unseen one too
+    with pytest.raises(ConfigError, match="pr1_rl.verl.use_remove_padding"):
+        validate_job(
+            "pr1_rl", load_config(profile="qwen3-4b", overrides=["pr1_rl.verl.use_remove_padding=true"])
+        )
 
 
 @pytest.mark.parametrize("profile_args", [[], ["--profile", "qwen3-4b"]], ids=["params.yaml", "qwen3-4b"])
