@@ -44,6 +44,7 @@ from components.structure import (
     parallel_attention_inputs,
     prediction_sources,
 )
+from components.training.papo import post_merge_mask as trainer_post_merge_mask
 
 REPO = Path(__file__).resolve().parents[3]
 BACKENDS = ["torch", "torch-reprefill", "sglang", "async"]
@@ -244,6 +245,8 @@ def test_parallel_structure_positions_and_branch_logprobs(world, backend, case: 
         tf = lp[sources].gather(-1, torch.tensor(g.token_ids)[:, None]).squeeze(-1)
         got = torch.tensor(g.logprobs)
         post = torch.tensor(g.post_merge_mask)
+        # one rule for "after the merge": the engine's bookkeeping and the trainer's parse of the ids agree
+        assert post.tolist() == trainer_post_merge_mask(ids, tags, p)[:k].tolist()
         branch = torch.zeros(k, dtype=torch.bool)
         branch[start : ends[-1]] = True
         finite = torch.isfinite(got)

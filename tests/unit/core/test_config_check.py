@@ -30,17 +30,21 @@ def test_the_checks_cover_what_a_gpu_run_needs():
         "Ray",
         "verl validation",
     }
-    assert {r.stage for r in rows if r.check == "verl validation"} == {"npr_zero", "papo_rl", "sr_rl"}
+    assert {r.stage for r in rows if r.check == "verl validation"} == {"npr_zero", "papo_rl", "sr_rl", "pr1_rl"}
     gpus = {r.stage: r.detail for r in rows if r.check == "GPU count"}
     assert gpus["seed"].startswith("0 GPU(s)")  # it only materialises the hub model
-    assert gpus["evaluate"].startswith("1 GPU(s)")  # the torch engine decodes on one GPU
+    assert gpus["evaluate"].startswith("8 GPU(s)")  # the SGLang server it launches: TP 1 x DP 8
+    assert gpus["pr1_coldstart"].startswith("8 GPU(s)")  # FSDP over one node, like the warmups
     assert gpus["papo_rl"].startswith("8 GPU(s)")  # its own Ray head on an 8-GPU node
 
 
 @pytest.mark.parametrize(
     ("overrides", "named"),
     [
-        (["evaluate.generation.batch_size=64"], "evaluate.generation.batch_size"),
+        (
+            ["evaluate.generation.backend=torch", "evaluate.generation.batch_size=64"],
+            "evaluate.generation.batch_size",
+        ),
         (["parallel_warmup.gradient_checkpointing=false"], "parallel_warmup.gradient_checkpointing"),
         (
             [
@@ -69,7 +73,8 @@ def test_cli_prints_the_table_and_exits_1_on_a_failure(in_repo):
     assert ok.exit_code == 0, ok.output
     assert "all" in ok.output and "checks passed" in ok.output
     bad = runner.invoke(
-        app, ["config", "check", "--profile", "qwen3-4b", "--set", "evaluate.generation.batch_size=64"]
+        app,
+        ["config", "check", "--profile", "qwen3-4b", "--set", "parallel_warmup.gradient_checkpointing=false"],
     )
     assert bad.exit_code == 1
-    assert "evaluate.generation.batch_size" in bad.output and "FAIL" in bad.output
+    assert "parallel_warmup.gradient_checkpointing" in bad.output and "FAIL" in bad.output
