@@ -133,6 +133,8 @@ SUMMARIES: dict[str, Callable[[Mapping[str, Any]], Flat]] = {
     "sequential_warmup": warmup_summary,
     "papo_rl": rl_summary,
     "sr_rl": rl_summary,
+    "pr1_coldstart": warmup_summary,
+    "pr1_rl": rl_summary,
 }
 
 

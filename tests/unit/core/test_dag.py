@@ -136,6 +136,7 @@ def test_every_stage_declares_its_record_flat_metrics_and_plots(in_repo: Path) -
     """artifacts/<stage>/metrics.json (cached out), metrics/<stage>.json (DVC metrics, git-tracked) and, for
     the training stages and evaluate, plots/<stage>/ (git-tracked plot rows)."""
     training = {"seed", "npr_zero", "parallel_warmup", "sequential_warmup", "papo_rl", "sr_rl", "evaluate"}
+    training |= {"pr1_coldstart", "pr1_rl"}
     raw = yaml.safe_load(Path("dvc.yaml").read_text())["stages"]
     for name in load_stages():
         io = stage_io(name)

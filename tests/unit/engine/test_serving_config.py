@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from components.config import load_config
 from components.engine import GenerationConfig
-from components.ops.launch import load_spec, sglang_server_command
+from components.ops.launch import sglang_server_command
 from components.ops.sglang_server import server_spec, spec_context_length
 
 
@@ -35,7 +35,7 @@ def test_a_stage_launched_server_is_local_and_serves_the_stage_checkpoint(in_rep
     assert argv[argv.index("--host") + 1] == "127.0.0.1" and argv[argv.index("--port") + 1] == "41234"
     assert argv[argv.index("--dp-size") + 1] == "1"
     assert "--enable-deterministic-inference" not in argv  # off in the spec: slower kernels
-    on = sglang_server_command({**load_spec(gen.server_spec), "enable_deterministic_inference": True})
+    on = sglang_server_command({**spec, "enable_deterministic_inference": True})
     assert "--enable-deterministic-inference" in on
     assert not any("SGLANG_RETURN_ORIGINAL_LOGPROB" in a for a in argv)  # env, not a flag
     assert spec["env"]["SGLANG_RETURN_ORIGINAL_LOGPROB"] == "1"

@@ -18,7 +18,7 @@ from components.config import load_config
 
 @pytest.mark.parametrize(
     ("stage", "gpus"),
-    [("papo_rl", 8), ("npr_zero", 8), ("parallel_warmup", 8), ("distill", 8), ("evaluate", 1), ("seed", 0)],
+    [("papo_rl", 8), ("npr_zero", 8), ("parallel_warmup", 8), ("distill", 8), ("evaluate", 8), ("pr1_coldstart", 8), ("pr1_rl", 8), ("seed", 0)],
 )
 def test_each_gpu_stage_asks_for_the_gpus_its_settings_use(stage, gpus, in_repo, monkeypatch):
     monkeypatch.setattr(pipeline, "launching_commit", lambda: {"NPR_GIT_COMMIT": "abc"})
@@ -58,7 +58,7 @@ def test_dispatch_sends_params_and_lock_and_restores_from_the_run_cache(in_repo,
     params = calls["parameters"]
     assert params["stage"] == "evaluate" and params["params_yaml"] == Path("params.yaml").read_text()
     assert "evaluate" not in params["upstream_lock"] and "papo_rl" in params["upstream_lock"]
-    assert calls["job_variables"]["gpu_count"] == 1
+    assert calls["job_variables"]["gpu_count"] == 8  # its SGLang server: TP 1 x DP 8
     assert calls["job_variables"]["env"]["NPR_GIT_COMMIT"] == "c0ffee"
 
 

@@ -156,7 +156,9 @@ def test_optimizer_state_is_what_the_planner_counts(dtype):
 
 
 def test_a_config_that_cannot_fit_fails_before_any_work_naming_the_setting():
-    cfg = load_config(profile="qwen3-4b", overrides=["evaluate.generation.batch_size=64"])
+    # the torch engine's KV for 64 x (2048 + 30000) tokens (the profile serves evaluate with SGLang instead)
+    torch_eval = ["evaluate.generation.backend=torch", "evaluate.generation.batch_size=64"]
+    cfg = load_config(profile="qwen3-4b", overrides=torch_eval)
     with pytest.raises(MemoryPlanError, match=r"evaluate\.generation\.batch_size"):
         memory.check_stage("evaluate", cfg)
     cfg = load_config(profile="qwen3-4b", overrides=["parallel_warmup.gradient_checkpointing=false"])
