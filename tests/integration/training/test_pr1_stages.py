@@ -111,7 +111,7 @@ def test_cold_start_then_rl(inputs, attention: str, monkeypatch: pytest.MonkeyPa
         pr1_rl.run(cfg, rl_io)
     assert not rl_io.output("model").exists()
     metrics = pr1_rl.run(cfg, rl_io)
-    assert metrics["resumed"] is True and metrics["steps"] == 2 and metrics["algorithm"] == "grpo"
+    assert metrics["resumed_from_step"] == 1 and metrics["steps"] == 2 and metrics["algorithm"] == "grpo"
     assert metrics["reward"] == "accuracy_parallel_interv" and metrics["attention"] == attention
     problems = metrics["problems"]
     assert problems["source"] == "sample_orz" and problems["difficulties"] == ["medium", "hard"]
