@@ -60,6 +60,11 @@ class EvaluateConfig(StrictModel):
     # sequential re-decode of each parallel checkpoint is also graded and kept (mode "sequential").
     measure_speedup: bool = True
     records_shards: int = Field(1, ge=1)
+    # The benchmark the report's recipe table (components/evaluation/recipe.py: checkpoints in the paper's
+    # order, claims with paired bootstrap intervals) is computed on; None = the first of `benchmarks`.
+    recipe_benchmark: str | None = None
+    recipe_confidence: float = Field(0.95, gt=0, lt=1)
+    recipe_resamples: int = Field(2000, ge=100)
 
     @model_validator(mode="after")
     def _consistent(self) -> EvaluateConfig:
@@ -74,7 +79,13 @@ class EvaluateConfig(StrictModel):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"benchmark names must be unique; repeated: {dupes}")
+        if self.recipe_benchmark is not None and self.recipe_benchmark not in names:
+            raise ValueError(f"recipe_benchmark {self.recipe_benchmark!r} is not in benchmarks {names}")
         return self
+
+    def recipe_benchmark_name(self) -> str | None:
+        """The benchmark of the recipe table (None without benchmarks)."""
+        return self.recipe_benchmark or (self.benchmarks[0].name if self.benchmarks else None)
 
     def mode_for(self, checkpoint: str) -> Literal["parallel", "sequential"]:
         """How a checkpoint decodes: parallel for ``parallel_checkpoints``, sequential otherwise."""

@@ -137,6 +137,10 @@ def render_report(eval_metrics: Mapping[str, Any], title: str, images: Sequence[
         detail_table(eval_metrics),
         "",
     ]
+    if eval_metrics.get("recipe"):
+        from components.evaluation.recipe import recipe_markdown
+
+        parts += ["## Recipe", "", recipe_markdown(eval_metrics["recipe"]), ""]
     for image in images:
         parts += [f"![{Path(image).stem}]({image})", ""]
     return "\n".join(parts)

@@ -16,6 +16,7 @@ from typing import Any
 from components.dag import StageIO
 from components.evaluation.outputs import EvalOutputs, write_evaluation
 from components.evaluation.plots import ACCURACY_PNG, SPEEDUP_PNG
+from components.evaluation.recipe import recipe_summary
 from components.evaluation.report import publish_wandb
 from components.evaluation.runner import CheckpointSpec, evaluate_checkpoints
 
@@ -49,6 +50,11 @@ def run(cfg: Any, io: StageIO) -> dict[str, Any]:
     # the stage's work dir (artifacts/evaluate/work, stamped by run_stage) keeps finished checkpoints
     work = out.report_dir.parent / "work"
     result = evaluate_checkpoints(cfg, checkpoints, ecfg.benchmarks, io.input("sample_orz/problems"), work)
+    bench = ecfg.recipe_benchmark_name()
+    if bench is not None:  # the paper's comparison with its uncertainty, in the report and metrics.json
+        result.metrics["recipe"] = recipe_summary(
+            result.metrics, result.records, bench, ecfg.recipe_confidence, ecfg.recipe_resamples
+        )
     # flows/pipeline.py publishes report.md as a Prefect artifact after the stage; nothing to do here.
     write_evaluation(result, out, f"Evaluation of profile `{cfg.profile}`", ecfg.records_shards)
     # W&B run id kept in the stage's work dir (artifacts/evaluate/work, not a DVC out) so reruns resume it.

@@ -103,6 +103,10 @@ def test_metrics_json_has_every_checkpoint_and_provenance(world: dict[str, Any])
     assert (world["root"] / "evaluate" / "work" / "wandb_run_id").read_text().strip()
 
 
+def m_of(name: str, world: dict[str, Any]) -> float:
+    return world["metrics"]["checkpoints"][name]["benchmarks"]["tiny_test"]["accuracy"]
+
+
 def test_every_number_agrees_with_the_records(world: dict[str, Any]) -> None:
     records_dir = world["io"].output("records")
     for name, ckpt in world["metrics"]["checkpoints"].items():
@@ -120,14 +124,25 @@ def test_every_number_agrees_with_the_records(world: dict[str, Any]) -> None:
     assert {r["mode"] for r in seq} == {"sequential"} and len(seq) == N_PROBLEMS * N_SAMPLES
     tp = world["metrics"]["checkpoints"]["papo_rl"]["throughput"]
     assert tp["achieved_speedup"] == pytest.approx(tp["tokens_per_s"] / tp["sequential_tokens_per_s"])
+    # the recipe table is computed from the same records: NPR - seed is the difference of their accuracies
+    recipe = world["metrics"]["recipe"]
+    assert recipe["benchmark"] == "tiny_test" and [r["checkpoint"] for r in recipe["rows"]] == [
+        "seed",
+        "papo_rl",
+    ]
+    (claim,) = [c for c in recipe["claims"] if c["a"] == "papo_rl" and c["b"] == "seed"]
+    diff = m_of("papo_rl", world) - m_of("seed", world)
+    assert claim["difference"] == pytest.approx(diff) and claim["interval"][0] <= diff <= claim["interval"][1]
 
 
 def test_report_plots_and_plot_data_render(world: dict[str, Any]) -> None:
     report_dir = world["io"].output("report")
     text = (report_dir / "report.md").read_text()
-    assert "## Accuracy" in text and "## Throughput" in text
+    assert "## Accuracy" in text and "## Throughput" in text and "## Recipe" in text
+    assert "| NPR ≥ seed (instruct) |" in text
     assert "| checkpoint | mode | tiny_test (avg@2) | average |" in text
-    assert text.count("| seed | sequential |") == 2 and text.count("| papo_rl | parallel |") == 2
+    tables = text.split("## Recipe")[0]  # the accuracy and detail tables: one row per checkpoint each
+    assert tables.count("| seed | sequential |") == 2 and tables.count("| papo_rl | parallel |") == 2
     for png in ("accuracy.png", "speedup.png"):
         assert (report_dir / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"]({png})" in text
