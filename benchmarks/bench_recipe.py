@@ -22,23 +22,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from components.artifacts import read_shards  # noqa: E402
+from components.dag import load_stages  # noqa: E402
 from components.evaluation.recipe import recipe_markdown, recipe_summary  # noqa: E402
 from components.evaluation.report import accuracy_table, benchmark_names  # noqa: E402
-
-STAGES = (
-    "sample_orz",
-    "seed",
-    "npr_zero",
-    "distill",
-    "reject_filter",
-    "parallel_warmup",
-    "sequential_warmup",
-    "papo_rl",
-    "sr_rl",
-    "pr1_coldstart",
-    "pr1_rl",
-    "evaluate",
-)
 
 
 def main() -> int:
@@ -72,7 +58,7 @@ def main() -> int:
     print("\n# Stage wall times (each stage's metrics.json)\n")
     print("| stage | wall s |\n|---|---|")
     total = 0.0
-    for stage in STAGES:
+    for stage in load_stages(ROOT / "dvc.yaml"):  # every stage of the DAG, in its order
         path = args.artifacts / stage / "metrics.json"
         if path.exists():
             wall = json.loads(path.read_text()).get("wall_time_s")
