@@ -23,6 +23,7 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(PIP_FLAGS) -e '.[dev]'
+	$(BIN)/npr plots template
 	touch $@
 
 install: $(VENV)/.installed

@@ -1,20 +1,25 @@
-"""Answer grading throughput: the batch path (fast path + math-verify pool) next to plain math-verify.
+"""Answer grading: agreement with the public graders next to plain math-verify, and throughput.
 
-Builds N (default 65,536) (response, gold) pairs from the real answers of every benchmark in
-shared/data: responses that box the gold itself, reformatted versions of it (``$..$``, ``\\dfrac``,
-spacing, ``a/b``, decimals, ``\\text{}`` units, ``(a)/(b)``, ``\\sqrt{a^2 b}``) and wrong versions (the
-number + 1, a foreign gold), sampled with repetition as RL groups repeat answers. Then, in one run:
+Three parts, each printed side by side in one run:
 
-1. batch path: ``extract_answer`` + ``grade_many`` with the pool at ``--workers`` (default: all cores),
-   caches cold, pool already warm (its spin-up is printed separately);
-2. sequential math-verify: ``parse`` + ``verify`` in this process's main thread, no fast path, on a
-   random sample of the same pairs (``--sequential``, default 600), projected to N.
+1. **corpus** (``tests/data/grading``, see ``components/grading/corpus.py``): our verdicts and plain
+   math-verify's (``verify(parse(gold), parse(pred))``, default settings, this process's main thread) on the
+   same cases, per split (tuning, held-out) and kind (bare answers, whole responses), counted on the cases
+   whose verdict is not one library's option;
+2. **throughput**: N (default 65,536) (response, gold) pairs built from the real answers of every benchmark
+   in shared/data (responses that box the gold itself, reformatted versions of it and wrong versions,
+   sampled with repetition as RL groups repeat answers), graded the way the evaluate stage grades
+   (``extract_final`` with the ``evaluation`` settings, then ``grade_many``: fast path, then the math-verify
+   pool at ``--workers``), caches cold, pool already warm (its spin-up is printed separately); next to
+   sequential plain math-verify on a sample of the same pairs (``--sequential``, default 600), projected to N.
+   Target: 65,536 pairs in <= 180 s on 2 cores; because a shared machine's wall time depends on its other
+   load, the idle-core time from CPU time (parent + pool workers) is printed too;
+3. ``--regrade DIR``: re-grade an evaluate stage's per-sample records (``artifacts/evaluate/records``) with
+   the current rules and print each checkpoint's accuracy as recorded and as re-graded, with the reasons
+   verdicts changed (truncated, no explicit answer, an equivalence rule).
 
-Prints pairs/second, the fast-path share, the projected time for 65,536 pairs (target <= 180 s on 2 cores)
-and the speed ratio batch / sequential, in wall time and, because a shared machine's wall time depends on
-its other load, from CPU time (parent + pool workers) as the time on idle cores.
-
-Run: ``.venv/bin/python benchmarks/bench_grading.py [--pairs 65536] [--workers 2] [--sequential 600]``.
+Run: ``.venv/bin/python benchmarks/bench_grading.py [--pairs 65536] [--workers 2] [--sequential 600]
+[--skip-corpus] [--skip-throughput] [--regrade artifacts/evaluate/records]``.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import re
 import resource
 import sys
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +43,41 @@ _SINGLE_FRAC = re.compile(r"^(-?)\\frac\{([^{}]+)\}\{([^{}]+)\}$")
 _INT_ROOT = re.compile(r"^(\d+)\\sqrt\{(\d+)\}$")
 
 
+# ----------------------------------------------------------------------------------------- corpus
+def corpus_section(workers: int) -> None:
+    from components.grading.config import GradingConfig
+    from components.grading.corpus import agreement, load_cases, math_verify_verdicts, our_verdicts
+
+    cfg = GradingConfig(workers=workers, timeout_s=30.0)
+    print("== corpus: agreement with the expected verdicts (cases without a library option) ==")
+    print(
+        f"{'split':8} {'kind':9} {'n':>4} {'ours':>14} {'plain math-verify':>18}   flagged (ours / math-verify)"
+    )
+    for split in ("tune", "heldout"):
+        cases = load_cases(split)
+        start = time.perf_counter()
+        ours = agreement(cases, our_verdicts(cases, cfg))
+        ours_s = time.perf_counter() - start
+        start = time.perf_counter()
+        plain = agreement(cases, math_verify_verdicts(cases))
+        plain_s = time.perf_counter() - start
+        for key, kind in (
+            ("counted_answer", "answers"),
+            ("counted_response", "responses"),
+            ("counted", "all"),
+        ):
+            o, p = ours[key], plain[key]
+            flagged = f"{ours['flagged']['agree']}/{ours['flagged']['n']} / {plain['flagged']['agree']}/{plain['flagged']['n']}"
+            print(
+                f"{split:8} {kind:9} {o['n']:>4} {o['agree']:>5} = {o['rate']:6.1%} {p['agree']:>8} = {p['rate']:6.1%}"
+                f"   {flagged if kind == 'all' else ''}"
+            )
+        print(f"{split:8} time: ours {ours_s:.1f} s (pool of {workers}), plain math-verify {plain_s:.1f} s")
+        if ours["misses"]:
+            print(f"{split:8} our misses: {', '.join(ours['misses'])}")
+
+
+# ----------------------------------------------------------------------------------------- throughput
 def load_golds(root: Path) -> list[Any]:
     from components.grading.answers import extract_answer
 
@@ -59,7 +99,7 @@ def variants(gold: str, foreign: str) -> list[str]:
     """Same-answer rewrites of ``gold``, then wrong answers."""
     from components.grading.normalize import normalize_answer, read_number
 
-    same = [gold, f"${gold}$", gold.replace("\\frac", "\\dfrac"), " ".join(gold.replace(",", ", ").split())]
+    same = [gold, f"${gold}$", gold.replace("\\frac", "\\dfrac")]
     wrong = [foreign]
     value = read_number(normalize_answer(gold))
     if value is not None:
@@ -73,6 +113,8 @@ def variants(gold: str, foreign: str) -> list[str]:
             if plus_one.denominator == 1
             else f"{plus_one.numerator}/{plus_one.denominator}"
         )
+    else:
+        same.append(" ".join(gold.replace(",", ", ").split()))
     if m := _SINGLE_FRAC.match(gold):
         same.append(f"{m.group(1)}({m.group(2)})/({m.group(3)})")
     if m := _INT_ROOT.match(gold):
@@ -109,43 +151,37 @@ def sequential_math_verify(pairs: list[tuple[str, Any]]) -> float:
     return time.perf_counter() - start
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--pairs", type=int, default=TARGET_PAIRS)
-    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
-    parser.add_argument(
-        "--sequential", type=int, default=600, help="pairs for the plain math-verify baseline"
-    )
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
-
-    from components.grading.answers import extract_answer
+def throughput_section(n_pairs: int, workers: int, n_sequential: int, seed: int) -> None:
+    from components.grading.answers import extract_final
     from components.grading.config import GradingConfig
     from components.grading.equivalence import clear_caches, grade_many_verdicts
     from components.grading.verify_pool import get_pool, shutdown_pool
 
     if not DATA.exists():
         sys.exit(f"benchmark answers not found at {DATA}")
-    pairs = build_pairs(args.pairs, args.seed)
-    cfg = GradingConfig(workers=args.workers)
+    pairs = build_pairs(n_pairs, seed)
+    cfg = GradingConfig(workers=workers)
+    extraction = cfg.extraction.evaluation
 
     start = time.perf_counter()
     pool = get_pool(cfg.workers, cfg.pool_start_timeout_s)
     pool.warm()
     spin_up = time.perf_counter() - start
+    pairs_before = pool.stats.pairs
 
     clear_caches()
     start, cpu_start = time.perf_counter(), time.process_time()
-    preds = [extract_answer(response, cfg.fallbacks) for response, _ in pairs]
+    preds = [extract_final(response, extraction, "stop").answer for response, _ in pairs]
     verdicts = grade_many_verdicts(list(zip(preds, (g for _, g in pairs), strict=True)), cfg)
     batch_s, parent_cpu = time.perf_counter() - start, time.process_time() - cpu_start
     methods = Counter(v.method for v in verdicts)
-    pool_pairs = pool.stats.pairs
+    pool_pairs = pool.stats.pairs - pairs_before
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     shutdown_pool()  # joins the workers, so their CPU time is now in RUSAGE_CHILDREN
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    worker_cpu = usage.ru_utime + usage.ru_stime  # includes each worker's start-up import
+    worker_cpu = usage.ru_utime + usage.ru_stime - before.ru_utime - before.ru_stime  # incl. start-up
 
-    sample = random.Random(args.seed + 1).sample(pairs, min(args.sequential, len(pairs)))
+    sample = random.Random(seed + 1).sample(pairs, min(n_sequential, len(pairs)))
     cpu_start = time.process_time()
     sequential_s = sequential_math_verify(sample)
     sequential_cpu = time.process_time() - cpu_start
@@ -153,6 +189,7 @@ def main() -> None:
     batch_rate = len(pairs) / batch_s
     sequential_rate = len(sample) / sequential_s
     fast = sum(count for method, count in methods.items() if method not in ("math_verify", "failed"))
+    print("== throughput ==")
     print(
         f"pairs: {len(pairs):,} built from {len(load_golds(DATA)):,} benchmark answers; workers: {cfg.workers}"
     )
@@ -180,6 +217,86 @@ def main() -> None:
         f"(ratio {idle_sequential / idle_batch:.1f}x); load average now {os.getloadavg()[0]:.1f} on "
         f"{os.cpu_count()} cores"
     )
+
+
+# ----------------------------------------------------------------------------------------- regrade
+def regrade_section(records_dir: Path, workers: int) -> None:
+    """Each checkpoint's evaluate accuracy as recorded and re-graded with the current rules."""
+    from components.artifacts import read_jsonl
+    from components.evaluation.metrics import avg_at_n, group_by_problem
+    from components.grading.config import GradingConfig
+    from components.grading.judge import judge_many
+
+    paths = sorted(p for p in Path(records_dir).glob("*/*.jsonl") if ".sequential-" not in p.name)
+    if not paths:
+        sys.exit(f"no evaluate records (<checkpoint>/<benchmark>-NNNNN.jsonl) under {records_dir}")
+    records = [rec for path in paths for rec in read_jsonl(path)]
+    cfg = GradingConfig(workers=workers)
+    judgements = judge_many(
+        [r["response"] for r in records],
+        [r["answers"] for r in records],
+        "npr",
+        cfg,
+        purpose="evaluation",
+        finish_reasons=[r.get("finish_reason") for r in records],
+    )
+    reasons: Counter[str] = Counter()
+    by_ckpt: dict[str, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
+    for rec, j in zip(records, judgements, strict=True):
+        new = dict(rec, correct=j.correct)
+        by_ckpt[rec["checkpoint"]][rec["benchmark"]].append((rec, new))
+        if bool(rec["correct"]) != j.correct:
+            why = (
+                "truncated"
+                if j.truncated
+                else "no explicit answer"
+                if j.pred is None
+                else "equivalence rules"
+            )
+            reasons[f"{'lost' if rec['correct'] else 'gained'} credit: {why}"] += 1
+    print(
+        f"== regrade: {len(records)} records under {records_dir} (evaluation extraction, finish reasons) =="
+    )
+    print(
+        f"{'checkpoint':20} {'recorded':>9} {'re-graded':>10} {'change':>8}   per benchmark (recorded -> re-graded)"
+    )
+    for ckpt, benches in by_ckpt.items():
+        old_acc = {
+            b: avg_at_n(group_by_problem([o for o, _ in rows], "correct")) for b, rows in benches.items()
+        }
+        new_acc = {
+            b: avg_at_n(group_by_problem([n for _, n in rows], "correct")) for b, rows in benches.items()
+        }
+        old_avg = sum(old_acc.values()) / len(old_acc)
+        new_avg = sum(new_acc.values()) / len(new_acc)
+        changed = ", ".join(
+            f"{b} {old_acc[b]:.3f}->{new_acc[b]:.3f}" for b in benches if abs(old_acc[b] - new_acc[b]) > 1e-12
+        )
+        print(
+            f"{ckpt:20} {old_avg:9.4f} {new_avg:10.4f} {new_avg - old_avg:+8.4f}   {changed or 'unchanged'}"
+        )
+    print("verdicts changed:", dict(reasons) or "none")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pairs", type=int, default=TARGET_PAIRS)
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument(
+        "--sequential", type=int, default=600, help="pairs for the plain math-verify baseline"
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--skip-corpus", action="store_true")
+    parser.add_argument("--skip-throughput", action="store_true")
+    parser.add_argument("--regrade", type=Path, default=None, help="an evaluate stage's records directory")
+    args = parser.parse_args()
+
+    if args.regrade is not None:
+        regrade_section(args.regrade, args.workers)
+    if not args.skip_corpus:
+        corpus_section(args.workers)
+    if not args.skip_throughput:
+        throughput_section(args.pairs, args.workers, args.sequential, args.seed)
 
 
 if __name__ == "__main__":  # required: the spawn-context pool re-imports __main__ in every worker

@@ -2,10 +2,10 @@
 paired bootstrap intervals over problems, recomputed from the evaluation's per-sample records.
 
 Reads ``<artifacts>/evaluate/metrics.json`` (modes, pass@k, format-valid rates, the speedup decode) and
-``<artifacts>/evaluate/records/<checkpoint>/<benchmark>-NNNNN.jsonl`` (one record per sample), so it prints
-the same table as the report's "Recipe" section without re-running anything; ``--resamples`` and
-``--confidence`` change the intervals only. Also prints each stage's wall time from its metrics.json, and
-the smoke samples apart (never averaged).
+``<artifacts>/evaluate/records/<checkpoint>/<benchmark>-NNNNN.jsonl`` (one record per sample) without
+re-running anything; ``--resamples`` and ``--confidence`` change the intervals only. Parallel-R1's
+checkpoints are rows too, and NPR vs Parallel-R1 a comparison. Also prints the accuracy table of every
+benchmark of the run and each stage's wall time from its metrics.json.
 
 Run after ``make run``: ``.venv/bin/python benchmarks/bench_recipe.py [--artifacts artifacts]
 [--benchmark tiny_test] [--resamples 2000] [--confidence 0.95]``.
@@ -22,21 +22,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from components.artifacts import read_shards  # noqa: E402
+from components.dag import load_stages  # noqa: E402
 from components.evaluation.recipe import recipe_markdown, recipe_summary  # noqa: E402
 from components.evaluation.report import accuracy_table, benchmark_names  # noqa: E402
-
-STAGES = (
-    "sample_orz",
-    "seed",
-    "npr_zero",
-    "distill",
-    "reject_filter",
-    "parallel_warmup",
-    "sequential_warmup",
-    "papo_rl",
-    "sr_rl",
-    "evaluate",
-)
 
 
 def main() -> int:
@@ -65,13 +53,12 @@ def main() -> int:
     summary = recipe_summary(metrics, records, args.benchmark, args.confidence, args.resamples, args.seed)
     print(f"# Recipe on {args.benchmark}\n")
     print(recipe_markdown(summary))
-    if benchmark_names(metrics, smoke=True):
-        print("\n# Smoke samples (not in any average)\n")
-        print(accuracy_table(metrics, smoke=True))
+    print(f"\n# Every benchmark of the run ({', '.join(benchmark_names(metrics))})\n")
+    print(accuracy_table(metrics))
     print("\n# Stage wall times (each stage's metrics.json)\n")
     print("| stage | wall s |\n|---|---|")
     total = 0.0
-    for stage in STAGES:
+    for stage in load_stages(ROOT / "dvc.yaml"):  # every stage of the DAG, in its order
         path = args.artifacts / stage / "metrics.json"
         if path.exists():
             wall = json.loads(path.read_text()).get("wall_time_s")

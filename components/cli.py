@@ -1,23 +1,69 @@
-"""`npr`: the one command-line entry point. Every subcommand is a thin shell over a library function."""
+"""`npr`: the one command-line entry point. Every subcommand is a thin shell over a library function.
+
+Errors: a user error (``components.errors.UserError``: a bad config, bad data, a malformed baseline; a
+missing or unreadable file) is printed as one line naming the file and key, and ``npr`` exits with status
+2; anything else is a bug and keeps its traceback (exit 1). ``--dry-run`` writes nothing.
+"""
 
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
+from typer.core import TyperGroup
 
 from components.env import apply_defaults
+from components.errors import UserError
+from components.tracking import own_wandb_service
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Native Parallel Reasoner pipeline.")
+# Not bugs: what the user has to fix (the messages name the file, the key, the line)
+USER_ERRORS = (
+    UserError,
+    FileNotFoundError,
+    IsADirectoryError,
+    NotADirectoryError,
+    PermissionError,
+    ConnectionError,
+)
+USER_ERROR_EXIT = 2
+
+
+def user_error_line(err: BaseException) -> str:
+    """The error as one line (an OSError with its file name)."""
+    text = str(err)
+    if isinstance(err, OSError) and err.filename is not None and err.strerror:
+        text = f"{err.filename}: {err.strerror}"
+    return " ".join(text.split())
+
+
+class _UserErrorsAsOneLine(TyperGroup):
+    """Runs the command; a user error becomes one red line on stderr and exit status 2, no traceback."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except USER_ERRORS as err:
+            typer.secho(f"error: {user_error_line(err)}", fg=typer.colors.RED, err=True)
+            raise typer.Exit(USER_ERROR_EXIT) from None
+
+
+app = typer.Typer(
+    cls=_UserErrorsAsOneLine,
+    add_completion=False,
+    no_args_is_help=True,
+    help="Native Parallel Reasoner pipeline.",
+)
 config_app = typer.Typer(no_args_is_help=True, help="Show or materialise the typed config.")
 data_app = typer.Typer(no_args_is_help=True, help="Raw input data (tracked by data.dvc).")
 app.add_typer(config_app, name="config")
 app.add_typer(data_app, name="data")
 
 SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="Override a key: section.key=value")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print the full result as JSON instead of a table")]
 
 
 def _fail(msg: str, code: int = 2) -> None:
@@ -26,12 +72,9 @@ def _fail(msg: str, code: int = 2) -> None:
 
 
 def _load(profile: str | None = None, overrides: list[str] | None = None):
-    from components.config import ConfigError, load_config
+    from components.config import load_config
 
-    try:
-        return load_config(profile=profile, overrides=overrides or [])
-    except ConfigError as err:
-        _fail(str(err))
+    return load_config(profile=profile, overrides=overrides or [])  # a ConfigError is one line, exit 2
 
 
 @config_app.command("show")
@@ -45,40 +88,96 @@ def config_show(
     typer.echo(dump_yaml(_load(profile, set_)))
 
 
+@config_app.command("check")
+def config_check(
+    profile: Annotated[str | None, typer.Option(help="Check this profile instead of params.yaml")] = None,
+    set_: SetOpt = None,
+) -> None:
+    """Every static check of a profile: validation splits, memory plan per stage and GPU, context
+    lengths, GPU counts per stage, Ray placement. Exits 1 when any check fails."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from components.config_check import check_profile
+
+    cfg = _load(profile, set_)
+    rows = check_profile(cfg)
+    table = Table(title=f"npr config check: profile {cfg.profile}", show_lines=False)
+    for column in ("check", "stage", "result", "detail"):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(row.check, row.stage, "[green]ok[/]" if row.ok else "[red]FAIL[/]", row.detail)
+    Console(width=160).print(table)
+    failed = [r for r in rows if not r.ok]
+    if failed:
+        _fail(f"{len(failed)} of {len(rows)} checks failed for profile {cfg.profile}", 1)
+    typer.echo(f"all {len(rows)} checks passed for profile {cfg.profile}")
+
+
 @config_app.command("use")
 def config_use(profile: str, set_: SetOpt = None) -> None:
     """Write configs/PROFILE.yaml (plus overrides) to params.yaml."""
-    from components.config import ConfigError, materialise_profile
+    from components.config import materialise_profile
 
-    try:
-        cfg = materialise_profile(profile, set_ or [])
-    except ConfigError as err:
-        _fail(str(err))
+    cfg = materialise_profile(profile, set_ or [])
     typer.echo(f"params.yaml now holds profile {cfg.profile!r}")
 
 
 @app.command("stage")
-def stage(name: str, set_: SetOpt = None) -> None:
-    """Run one stage with params.yaml (this is the cmd of every dvc.yaml stage)."""
-    from components.dag import DagError
-    from components.stages import run_stage
-
-    cfg = _load(None, set_)
-    # A stage configured for several processes (FSDP SFT) reruns this very command under torchrun.
+def stage(name: str, set_: SetOpt = None, as_json: JsonOpt = False) -> None:
+    """Run one stage with params.yaml (this is the cmd of every dvc.yaml stage); ends with its summary."""
     import os
 
+    from components.stages import run_stage
+
+    if os.environ.get("NPR_RESTORE_ONLY"):
+        # set while the flow restores a stage that ran on another machine (flows/stage.py): DVC found no
+        # run-cache entry, and running a GPU stage here instead would be wrong
+        _fail(
+            f"stage {name} is being restored from the DVC run-cache (NPR_RESTORE_ONLY), but DVC found no "
+            "cached run for it and tried to run it here: push its run-cache from the machine that ran it"
+        )
+    cfg = _load(None, set_)
     from components.training.distributed import is_main_process, torchrun_argv
 
+    # A stage configured for several processes (FSDP SFT) reruns this very command under torchrun.
     this = sys.argv[0] if os.access(sys.argv[0], os.X_OK) else "npr"  # the npr script, as invoked
     relaunch = torchrun_argv(getattr(getattr(cfg, name, None), "nproc_per_node", 1), [this, *sys.argv[1:]])
     if relaunch is not None:
         os.execvp(relaunch[0], relaunch)
-    try:
-        metrics = run_stage(name, cfg)
-    except (DagError, ValueError) as err:
-        _fail(f"stage {name} failed: {err}", 1)
-    if is_main_process():
+    metrics = run_stage(name, cfg)  # bad config/data: one line, exit 2; a bug: its traceback
+    if not is_main_process():
+        return
+    if as_json:
         typer.echo(json.dumps({k: v for k, v in metrics.items() if k != "provenance"}, indent=2, default=str))
+        return
+    _print_summary(name, metrics, f"full record: artifacts/{name}/metrics.json")
+
+
+def _print_summary(name: str, metrics: dict, where: str) -> None:
+    """The stage's flat metrics (what `dvc metrics show` reads) as a short table; an evaluation as one row
+    per checkpoint with its accuracy per benchmark."""
+    from components.progress import print_table
+    from components.reporting import checkpoint_summary, stage_summary
+
+    if "checkpoints" in metrics:
+        rows = [
+            {"checkpoint": c, **_flat_row(checkpoint_summary(m))} for c, m in metrics["checkpoints"].items()
+        ]
+        print_table(name, rows, note=where)
+    else:
+        print_table(name, stage_summary(name, metrics), note=where)
+
+
+def _flat_row(values: dict) -> dict:
+    """A table row of flat metrics: nested dicts (accuracy per benchmark) as ``outer/inner`` columns."""
+    out = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            out.update({f"{key}/{k}": v for k, v in value.items()})
+        else:
+            out[key] = value
+    return out
 
 
 @app.command("run")
@@ -90,24 +189,39 @@ def run(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan; run nothing")] = False,
     set_: SetOpt = None,
 ) -> None:
-    """Run the pipeline (or some stages) as a Prefect flow; DVC decides what is stale."""
-    from components.config import materialise_profile
+    """Run the pipeline (or some stages) as a Prefect flow; DVC decides what is stale.
+
+    ``--profile`` rewrites params.yaml from configs/PROFILE.yaml (plus the overrides); ``--set`` alone
+    changes only the keys it names in params.yaml (hand edits and `dvc exp run -S` values stay). With
+    ``--dry-run`` nothing is written: the plan shows what the change would make stale.
+    """
+    from components.config import PARAMS_FILE, materialise_profile, override_params
     from components.dag import stage_order
 
-    if profile or set_:
-        materialise_profile(profile or _load().profile, set_ or [])
-    cfg = _load()
     order = stage_order()
     selected = order if not stages else [s.strip() for s in stages.split(",") if s.strip()]
     unknown = [s for s in selected if s not in order]
     if unknown:
         _fail(f"unknown stage(s): {', '.join(unknown)}; known: {', '.join(order)}")
     if dry_run:
+        from components.config import load_config
         from flows.pipeline import plan
 
-        for line in plan(cfg, selected):
+        current = _load() if PARAMS_FILE.exists() else None
+        if profile:
+            cfg = _load(profile, set_)
+        elif current is None:
+            _fail(f"{PARAMS_FILE} does not exist: give --profile (or run `npr config use PROFILE`)")
+        else:
+            cfg = load_config(PARAMS_FILE, overrides=set_ or []) if set_ else current
+        for line in plan(cfg, selected, current=current):
             typer.echo(line)
         return
+    if profile:
+        materialise_profile(profile, set_ or [])
+    elif set_:
+        override_params(set_)
+    cfg = _load()
     from flows.pipeline import npr_pipeline
 
     state = npr_pipeline(profile=cfg.profile, stages=selected, return_state=True)
@@ -124,6 +238,7 @@ def data_fetch(
         Path | None, typer.Option("--from", help="Copy raw data from this local directory")
     ] = None,
     dest: Annotated[Path, typer.Option(help="Destination tracked by data.dvc")] = Path("data"),
+    as_json: JsonOpt = False,
 ) -> None:
     """Populate data/ (ORZ problems and benchmarks) from a local directory or the hub."""
     from components.data.fetch import fetch_data
@@ -134,7 +249,14 @@ def data_fetch(
     except (FileNotFoundError, ValueError, ConnectionError) as err:
         _fail(str(err), 1)
     summary["dvc"] = _track_with_dvc(dest)
-    typer.echo(json.dumps(summary, indent=2))
+    if as_json:
+        typer.echo(json.dumps(summary, indent=2))
+        return
+    from components.progress import print_table
+
+    # lists (files copied, skipped with their reasons) are counted here; --json lists them
+    rows = {k: (len(v) if isinstance(v, list | dict) else v) for k, v in summary.items()}
+    print_table("data fetch", rows, note="--json lists every file")
 
 
 def _track_with_dvc(dest: Path) -> str:
@@ -165,7 +287,12 @@ def grade(
 
     cfg = _load().grading if Path("params.yaml").exists() else None
     if jsonl is not None:
-        grade_jsonl(jsonl, sys.stdout, cfg)
+        counts = grade_jsonl(jsonl, sys.stdout, cfg)
+        summary = ", ".join(f"{k} {v}" for k, v in counts.items())
+        failed = counts["errors"] + counts["grade_failures"]
+        typer.secho(f"{jsonl}: {summary}", err=True, fg=typer.colors.RED if failed else None)
+        if failed:  # every line was written; the status says some could not be graded
+            raise typer.Exit(1)
         return
     if pred is None or gold is None:
         _fail("give --pred and --gold, or --jsonl FILE")
@@ -180,8 +307,21 @@ def check_format(
     """Print {valid, score, violations} for a response, as JSON."""
     from components.grading.cli_ops import check_format_text
 
-    text = sys.stdin.read() if file == "-" else Path(file).read_text(encoding="utf-8")
-    typer.echo(json.dumps(check_format_text(text, schema), indent=2))
+    raw = sys.stdin.buffer.read() if file == "-" else Path(file).read_bytes()
+    typer.echo(json.dumps(check_format_text(response_text(raw, file), schema), indent=2))
+
+
+def response_text(raw: bytes, name: str) -> str:
+    """A response file's text; a binary or non-UTF-8 file is a user error naming the file and offset."""
+    nul = raw.find(b"\0")
+    if nul >= 0:
+        raise UserError(f"{name}: a binary file (NUL byte at offset {nul}), not a response")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise UserError(
+            f"{name}: not UTF-8 text (byte 0x{raw[err.start]:02x} at offset {err.start})"
+        ) from None
 
 
 @app.command("eval")
@@ -192,8 +332,9 @@ def eval_(
     mode: Annotated[str, typer.Option(help="parallel | sequential")] = "parallel",
     out: Annotated[Path, typer.Option(help="Output directory")] = Path("artifacts/adhoc_eval"),
     set_: SetOpt = None,
+    as_json: JsonOpt = False,
 ) -> None:
-    """Evaluate one checkpoint ad hoc with the same code as the evaluate stage."""
+    """Evaluate one checkpoint ad hoc with the same code as the evaluate stage; ends with its table."""
     from components.evaluation.adhoc import evaluate_checkpoint
 
     cfg = _load(None, set_)
@@ -204,9 +345,38 @@ def eval_(
         )
     except (FileNotFoundError, ValueError, KeyError) as err:
         _fail(f"eval failed: {err}", 1)
-    typer.echo(json.dumps(summary, indent=2, default=str))
+    if as_json:
+        typer.echo(json.dumps(summary, indent=2, default=str))
+    else:
+        _print_summary("eval", summary.get("metrics", summary), f"full record: {out / 'metrics.json'}")
     if summary.get("report"):
         typer.echo(f"report: {summary['report']}")
+
+
+@app.command("plots", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def plots(
+    ctx: typer.Context,
+    action: Annotated[str, typer.Argument(help="show | diff | template")] = "show",
+) -> None:
+    """`dvc plots show|diff [ARGS]` with the self-contained page (no CDN); `template` only writes the page.
+
+    The page template (Vega inlined) is written to .dvc/tmp/ on first use; plain `dvc plots show` uses it
+    too (.dvc/config names it), once any stage ran or `npr plots template` did.
+    """
+    import subprocess
+
+    from components.ops.plots_html import ensure_offline_template
+
+    path = ensure_offline_template()
+    if path is None:
+        _fail("no .dvc/ directory here: run from the repository root")
+    if action == "template":
+        typer.echo(f"offline plots page template: {path}")
+        return
+    if action not in ("show", "diff"):
+        _fail(f"unknown action {action!r}: show | diff | template")
+    dvc = Path(sys.executable).with_name("dvc")
+    raise typer.Exit(subprocess.run([str(dvc), "plots", action, *ctx.args], check=False).returncode)
 
 
 @app.command("server")
@@ -229,8 +399,22 @@ def worker(pool: Annotated[str, typer.Option(help="Work pool: cpu | gpu")] = "cp
     start_worker(pool)
 
 
+def configure_logging() -> None:
+    """The project's own INFO messages (a stage resuming from step N, a push retried, ...) on stderr;
+    libraries keep their own levels."""
+    logger = logging.getLogger("components")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+
+
 def main() -> None:
+    own_wandb_service()
     apply_defaults()
+    configure_logging()
     app()
 
 

@@ -7,8 +7,8 @@ stale output, and a stage whose deps are too broad reruns for nothing (an RL edi
 imports included) through the project's packages; ``uncovered`` lists what dvc.yaml's deps do not cover.
 
 *Plumbing* is code that moves results without changing them: config schemas (their values live in
-params.yaml, which DVC tracks key by key), paths and the DAG, artifact I/O, tracking, fingerprints, the
-stage runner, ops. It is not required in deps and its imports are not followed (``components.config``
+params.yaml, which DVC tracks key by key), paths and the DAG, artifact I/O, tracking, the flat metrics
+and plot rows a stage's results are reshaped into (``reporting``), progress display, fingerprints, the stage runner, ops. It is not required in deps and its imports are not followed (``components.config``
 imports every domain's config module, which would otherwise pull every package into every stage).
 Package ``__init__`` files are followed (they re-export) but not required.
 """
@@ -28,7 +28,10 @@ _PLUMBING_TOP = {
     "dag.py",
     "code_deps.py",
     "env.py",
+    "errors.py",
     "fingerprint.py",
+    "progress.py",
+    "reporting.py",
     "settings.py",
     "storage.py",
     "tracking.py",

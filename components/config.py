@@ -2,33 +2,81 @@
 
 params.yaml is the resolved config of the active profile (``configs/<profile>.yaml``); DVC tracks its keys
 per stage. ``npr config use PROFILE`` rewrites params.yaml from the profile file.
+
+Validation has three layers, each naming the key it rejects (``ConfigError``): types and ranges per field
+(``components.settings.StrictModel``: no bool-as-int, no string-as-number); cross-field rules of the config
+alone (``PipelineConfig._cross_checks``: generation and SFT lengths within the tiny model's positions, the
+PAPO engine with its filter); and rules about the checkout the config
+runs in (``check_workspace``: the prompt files exist, a GPU stage asks for no more GPUs than the gpu pool's
+jobs get). YAML is read as YAML 1.2 reads numbers (``1e-4`` is a float, as DVC writes it).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 
 from components.data.config import SampleOrzConfig
 from components.engine.config import DistillConfig, RejectFilterConfig
+from components.errors import UserError
 from components.evaluation.config import EvaluateConfig, NightlyConfig
 from components.grading.config import GradingConfig
 from components.models.config import ModelsConfig, SeedConfig
 from components.ops.config import OrchestrationConfig, StorageConfig, TrackingConfig
 from components.settings import StrictModel
-from components.training.config import RLStageConfig, SFTStageConfig
+from components.training.config import (
+    ParallelR1Config,
+    PR1ColdStartConfig,
+    PR1RLConfig,
+    RLStageConfig,
+    SFTStageConfig,
+)
 
 CONFIGS_DIR = Path("configs")
 PARAMS_FILE = Path("params.yaml")
+PREFECT_FILE = Path("prefect.yaml")
+GPU_STAGE_DEPLOYMENT = "npr-stage"  # the deployment gpu stages are dispatched to (flows/pipeline.py)
+RL_STAGES = ("npr_zero", "papo_rl", "sr_rl", "pr1_rl")
+SFT_STAGES = ("parallel_warmup", "sequential_warmup", "pr1_coldstart")
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """Raised when params.yaml (or a profile, or an override) does not validate; names the key path."""
+
+
+class _Yaml12Loader(yaml.SafeLoader):
+    """PyYAML reads ``1e-4`` as a string (YAML 1.1 wants a dot); YAML 1.2, DVC and people read a float."""
+
+
+_Yaml12Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+        |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+        |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+        |[-+]?\.(?:inf|Inf|INF)
+        |\.(?:nan|NaN|NAN))$""",
+        re.X,
+    ),
+    list("-+0123456789."),
+)
+
+
+def load_yaml_text(text: str, source: str) -> Any:
+    """YAML (numbers as YAML 1.2 reads them); a syntax error is a ConfigError naming ``source`` and the line."""
+    try:
+        return yaml.load(text, Loader=_Yaml12Loader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError(f"{source}:{where}: not valid YAML: {problem}") from None
 
 
 class RunConfig(StrictModel):
@@ -46,6 +94,8 @@ class PromptConfig(StrictModel):
 
     parallel_instruction: str = "prompts/npr_parallel_v1.txt"
     sequential_instruction: str = "prompts/sequential_v1.txt"
+    # The Parallel-R1 recipe's instruction (pr1_coldstart, pr1_rl and their checkpoints in evaluate).
+    parallel_r1_instruction: str = "prompts/pr1_parallel_v1.txt"
     # Separator between the problem text and the instruction inside the user turn.
     separator: str = "\n\n"
     system_prompt: str | None = None
@@ -73,8 +123,80 @@ class PipelineConfig(StrictModel):
     sequential_warmup: SFTStageConfig
     papo_rl: RLStageConfig
     sr_rl: RLStageConfig
+    # The Parallel-R1 recipe (arXiv 2509.07980) on the same components: cold start, then GRPO.
+    parallel_r1: ParallelR1Config
+    pr1_coldstart: PR1ColdStartConfig
+    pr1_rl: PR1RLConfig
     evaluate: EvaluateConfig
     nightly: NightlyConfig
+
+    @model_validator(mode="after")
+    def _parallel_r1_variant(self) -> PipelineConfig:
+        """The Parallel-R1 stages' modes follow ``parallel_r1.attention`` (one key picks Seen or Unseen):
+        the cold start's SFT mode, the RL stage's rollout mode and structural filter, their instruction.
+        The derived fields are not written to params.yaml (DVC tracks ``parallel_r1`` for both stages)."""
+        pr1 = self.parallel_r1
+        unseen = pr1.attention == "unseen"
+        # object.__setattr__: a derived value, not an assignment to validate (and re-run this validator on)
+        object.__setattr__(
+            self,
+            "pr1_coldstart",
+            self.pr1_coldstart.model_copy(update={"mode": pr1.mode, "prompt_style": pr1.PROMPT_STYLE}),
+        )
+        object.__setattr__(
+            self,
+            "pr1_rl",
+            self.pr1_rl.model_copy(
+                update={
+                    "engine_mode": pr1.mode,
+                    "structural_filter": unseen,
+                    "prompt_style": pr1.PROMPT_STYLE,
+                }
+            ),
+        )
+        listed = sorted(set(self.evaluate.parallel_checkpoints) & set(pr1.STAGES))
+        if listed:
+            raise ValueError(
+                f"evaluate.parallel_checkpoints lists {listed}: the Parallel-R1 checkpoints decode as "
+                "parallel_r1.attention says (unseen: parallel, seen: sequential); remove them there"
+            )
+        overridden = sorted(set(self.evaluate.prompt_style_overrides) & set(pr1.STAGES))
+        if overridden:
+            raise ValueError(
+                f"evaluate.prompt_style_overrides names {overridden}: the Parallel-R1 checkpoints are always "
+                "prompted with prompts.parallel_r1_instruction; remove them there"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> PipelineConfig:
+        problems = cross_field_problems(self)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    def schema_of(self, stage: str) -> str:
+        """The structure schema of a stage's traces (and of the checkpoint it writes): the stage section's
+        own (Parallel-R1's stages: ``parallel_r1``) or the pipeline's ``schema_name``."""
+        section = getattr(self, stage, None)
+        return getattr(section, "SCHEMA", None) or self.schema_name
+
+    def decode_mode_of(self, checkpoint: str) -> Literal["parallel", "sequential"]:
+        """How ``evaluate`` decodes a checkpoint: the Parallel-R1 ones per ``parallel_r1.attention``, the
+        others per ``evaluate.parallel_checkpoints``."""
+        if checkpoint in self.parallel_r1.STAGES:
+            return self.parallel_r1.mode
+        return self.evaluate.mode_for(checkpoint)
+
+    def prompt_style_of(self, checkpoint: str) -> str:
+        """The instruction ``evaluate`` prompts a checkpoint with (its training instruction)."""
+        if checkpoint in self.parallel_r1.STAGES:
+            return self.parallel_r1.PROMPT_STYLE
+        return self.evaluate.prompt_style_for(checkpoint)
+
+    def engine_settings_of(self, checkpoint: str) -> dict[str, Any]:
+        """Extra engine settings of a checkpoint's decoding (Parallel-R1's paths per block), else none."""
+        return self.parallel_r1.engine_settings() if checkpoint in self.parallel_r1.STAGES else {}
 
     def section_hash(self, *keys: str) -> str:
         """Stable short hash of some top-level sections (used for stage fingerprints)."""
@@ -82,15 +204,86 @@ class PipelineConfig(StrictModel):
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def _generation_lengths(cfg: PipelineConfig) -> dict[str, int]:
+    """Every ``max_new_tokens`` of the config, by key path."""
+    out = {"seed.max_new_tokens": cfg.seed.max_new_tokens}
+    out.update({f"{s}.max_new_tokens": getattr(cfg, s).max_new_tokens for s in RL_STAGES})
+    out["distill.generation.max_new_tokens"] = cfg.distill.generation.max_new_tokens
+    out["evaluate.generation.max_new_tokens"] = cfg.evaluate.generation.max_new_tokens
+    return out
+
+
+def cross_field_problems(cfg: PipelineConfig) -> list[str]:
+    """Rules that tie keys together, each problem naming its keys (empty when the config is consistent)."""
+    problems = []
+    tiny = cfg.models.tiny
+    if cfg.models.base_model == "tiny":
+        if tiny is None:
+            problems.append("models.tiny: models.base_model is 'tiny' but the tiny architecture is not set")
+        else:
+            limit = tiny.max_position_embeddings
+            for key, n in _generation_lengths(cfg).items():
+                if n >= limit:  # the prompt needs at least one position too
+                    problems.append(
+                        f"{key}={n} leaves no room for the prompt within models.tiny.max_position_embeddings={limit}"
+                    )
+            lengths = {"seed.max_length": cfg.seed.max_length}
+            lengths.update({f"{s}.max_length": getattr(cfg, s).max_length for s in SFT_STAGES})
+            for key, n in lengths.items():
+                if n > limit:
+                    problems.append(f"{key}={n} exceeds models.tiny.max_position_embeddings={limit}")
+    for stage in RL_STAGES:
+        sc = getattr(cfg, stage)
+        if sc.engine_mode == "parallel" and not sc.structural_filter:
+            problems.append(f"{stage}.engine_mode 'parallel' needs {stage}.structural_filter: true")
+    # verl's own rules (GPU counts, batch splits, tensor parallelism) are checked by running verl's
+    # validation on the job (components.training.verl_launch.validate_job), not re-implemented here
+    return problems
+
+
+def gpu_pool_size(prefect_file: Path = PREFECT_FILE) -> int | None:
+    """GPUs a job of the gpu pool gets (``gpu_count`` of the npr-stage deployment in prefect.yaml)."""
+    if not prefect_file.exists():
+        return None
+    data = load_yaml_text(prefect_file.read_text(), str(prefect_file)) or {}
+    for dep in data.get("deployments") or []:
+        if isinstance(dep, dict) and dep.get("name") == GPU_STAGE_DEPLOYMENT:
+            count = ((dep.get("work_pool") or {}).get("job_variables") or {}).get("gpu_count")
+            return int(count) if isinstance(count, int) else None
+    return None
+
+
+def check_workspace(cfg: PipelineConfig, source: str, root: Path | None = None) -> None:
+    """Rules about the checkout the config runs in (paths are relative to it, as the stages read them):
+    the instruction files exist, and no gpu stage needs more GPUs than a gpu-pool job gets."""
+    root = Path(root) if root is not None else Path.cwd()
+    problems = []
+    for key in ("parallel_instruction", "sequential_instruction"):
+        path = getattr(cfg.prompts, key)
+        if not (root / path).is_file():
+            problems.append(f"prompts.{key}: file {path} does not exist")
+    pool = gpu_pool_size(root / PREFECT_FILE)
+    if pool is not None:
+        for stage in cfg.orchestration.gpu_stages:
+            need = getattr(getattr(cfg, stage, None), "nproc_per_node", None)
+            if need is not None and need > pool:
+                problems.append(
+                    f"{stage}.nproc_per_node={need} but a job of the gpu pool gets {pool} GPUs "
+                    f"(gpu_count of the {GPU_STAGE_DEPLOYMENT} deployment in {PREFECT_FILE})"
+                )
+    if problems:
+        raise ConfigError(f"{source}: " + "; ".join(problems))
+
+
 def _format_errors(err: ValidationError, source: str) -> str:
-    lines = [f"invalid config in {source}:"]
+    """One line: the file, then every key path with what is wrong with it."""
+    parts = []
     for e in err.errors():
         path = ".".join(str(p) for p in e["loc"])
-        lines.append(
-            f"  {path}: {e['msg']}"
-            + (f" (got {e['input']!r})" if "input" in e and not isinstance(e["input"], dict) else "")
-        )
-    return "\n".join(lines)
+        msg = e["msg"].removeprefix("Value error, ")
+        got = f" (got {e['input']!r})" if "input" in e and not isinstance(e["input"], dict) else ""
+        parts.append(f"{path}: {msg}{got}" if path else msg)
+    return f"invalid config in {source}: " + "; ".join(parts)
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -100,7 +293,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     key, raw = text.split("=", 1)
     if not key.strip():
         raise ConfigError(f"override {text!r} has an empty key")
-    return key.strip().split("."), yaml.safe_load(raw)
+    return key.strip().split("."), load_yaml_text(raw, f"override {text!r}")
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -108,9 +301,12 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     for text in overrides:
         path, value = parse_override(text)
         node = data
-        for part in path[:-1]:
-            if not isinstance(node.get(part), dict):
+        for i, part in enumerate(path[:-1]):
+            if part not in node:
                 node[part] = {}
+            elif not isinstance(node[part], dict):
+                where = ".".join(path[: i + 1])
+                raise ConfigError(f"override {text!r}: {where} is a value, not a section")
             node = node[part]
         node[path[-1]] = value
     return data
@@ -126,7 +322,11 @@ def validate_config(data: dict[str, Any], source: str = "<config>") -> PipelineC
 def read_yaml(path: Path) -> dict[str, Any]:
     if not path.exists():
         raise ConfigError(f"config file {path} does not exist")
-    data = yaml.safe_load(path.read_text())
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {err.start})") from None
+    data = load_yaml_text(text, str(path))
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must hold a mapping at the top level")
     return data
@@ -141,19 +341,35 @@ def profile_path(profile: str) -> Path:
 
 
 def load_config(
-    path: Path | str = PARAMS_FILE, profile: str | None = None, overrides: list[str] | None = None
+    path: Path | str = PARAMS_FILE,
+    profile: str | None = None,
+    overrides: list[str] | None = None,
+    root: Path | None = None,
 ) -> PipelineConfig:
-    """Load params.yaml, or a profile file when ``profile`` is given, apply overrides, validate."""
+    """Load params.yaml, or a profile file when ``profile`` is given, apply overrides, validate (the
+    workspace checks are relative to ``root``, by default the current directory: the checkout stages run
+    in; a script run from elsewhere names the checkout)."""
     source = profile_path(profile) if profile else Path(path)
     data = apply_overrides(read_yaml(source), overrides or [])
-    return validate_config(data, str(source))
+    cfg = validate_config(data, str(source))
+    check_workspace(cfg, str(source), root)
+    return cfg
 
 
 def materialise_profile(
     profile: str, overrides: list[str] | None = None, dest: Path = PARAMS_FILE
 ) -> PipelineConfig:
     """Write the validated profile (plus overrides) to params.yaml; returns the config written."""
-    cfg = load_config(profile=profile, overrides=overrides)
+    return write_params(load_config(profile=profile, overrides=overrides), dest)
+
+
+def override_params(overrides: list[str], dest: Path = PARAMS_FILE) -> PipelineConfig:
+    """Apply overrides to params.yaml as it is (hand edits and `dvc exp run -S` values stay)."""
+    return write_params(load_config(dest, overrides=overrides), dest)
+
+
+def write_params(cfg: PipelineConfig, dest: Path = PARAMS_FILE) -> PipelineConfig:
+    """params.yaml := ``cfg`` (atomically; untouched when it already says exactly that)."""
     text = dump_yaml(cfg)
     if not dest.exists() or dest.read_text() != text:
         tmp = dest.with_suffix(".yaml.tmp")

@@ -3,6 +3,12 @@
 Stage functions never hard-code paths: ``npr stage NAME`` hands them a ``StageIO`` built from the stage's
 entry in dvc.yaml. Inputs are keyed by ``<upstream stage>/<name>`` (the path under ``artifacts/``),
 outputs by their name under ``artifacts/<stage>/``.
+
+Besides its data outputs a stage has three report files, all declared in dvc.yaml:
+- ``artifacts/<stage>/metrics.json`` (an out, cached): everything the stage returned plus provenance;
+- ``metrics/<stage>.json`` or ``metrics/<stage>/`` (DVC ``metrics``, git-tracked, ``cache: false``): the
+  few flat numbers ``dvc metrics show/diff`` and ``dvc exp show`` compare (``components.reporting``);
+- ``plots/<stage>/`` (an out, git-tracked, ``cache: false``): the rows the top-level ``plots:`` draw.
 """
 
 from __future__ import annotations
@@ -13,11 +19,15 @@ from pathlib import Path
 
 import yaml
 
+from components.errors import UserError
+
 DVC_FILE = Path("dvc.yaml")
 ARTIFACTS = "artifacts"
+STAGE_RECORD = "metrics.json"  # artifacts/<stage>/metrics.json: the stage's full metrics and provenance
+PLOTS_DIR = "plots"  # plots/<stage>/: the stage's DVC plot data
 
 
-class DagError(ValueError):
+class DagError(UserError, ValueError):
     """dvc.yaml is missing, malformed, or names a stage that does not exist."""
 
 
@@ -43,12 +53,24 @@ class StageSpec:
 
 @dataclass
 class StageIO:
-    """Resolved paths for one stage run."""
+    """Resolved paths for one stage run.
+
+    ``outputs``: the data outputs under ``artifacts/<stage>/``; ``metrics``: the stage's full JSON record;
+    ``summary``: its flat DVC metrics file (or directory); ``plots``: its DVC plot-data directory.
+    """
 
     stage: str
     inputs: dict[str, Path] = field(default_factory=dict)
     outputs: dict[str, Path] = field(default_factory=dict)
     metrics: Path | None = None
+    summary: Path | None = None
+    plots: Path | None = None
+
+    @property
+    def work_dir(self) -> Path | None:
+        """``artifacts/<stage>/work``: checkpoints, per-step logs and the W&B run id (not a DVC out)."""
+        anchor = next(iter(self.outputs.values()), None) or self.metrics
+        return None if anchor is None else Path(anchor).parent / "work"
 
     def input(self, key: str) -> Path:
         if key not in self.inputs:
@@ -161,7 +183,12 @@ def stage_io(stage: str, path: Path = DVC_FILE) -> StageIO:
             io.inputs["/".join(parts[1:])] = Path(dep)
     for out in spec.outs:
         parts = Path(out).parts
-        io.outputs["/".join(parts[2:]) if len(parts) >= 3 and parts[0] == ARTIFACTS else out] = Path(out)
+        if parts == (ARTIFACTS, stage, STAGE_RECORD):
+            io.metrics = Path(out)
+        elif parts == (PLOTS_DIR, stage):
+            io.plots = Path(out)
+        else:
+            io.outputs["/".join(parts[2:]) if len(parts) >= 3 and parts[0] == ARTIFACTS else out] = Path(out)
     if spec.metrics:
-        io.metrics = Path(spec.metrics[0])
+        io.summary = Path(spec.metrics[0])
     return io

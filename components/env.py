@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from pathlib import Path
 
 QUIET_DEFAULTS = {
@@ -15,7 +16,6 @@ QUIET_DEFAULTS = {
     "GX_ANALYTICS_ENABLED": "false",
     "HF_UPDATE_DOWNLOAD_COUNTS": "0",
     "TOKENIZERS_PARALLELISM": "false",
-    "RAY_AUTH_MODE": "disabled",
 }
 
 
@@ -60,6 +60,10 @@ def apply_defaults(project_root: Path | None = None) -> dict[str, str]:
     if "HF_HUB_OFFLINE" not in os.environ:
         offline = "0" if hub_reachable() else "1"
         os.environ["HF_HUB_OFFLINE"] = os.environ["HF_DATASETS_OFFLINE"] = applied["HF_HUB_OFFLINE"] = offline
+    if not sys.stderr.isatty() and "HF_HUB_DISABLE_PROGRESS_BARS" not in os.environ:
+        # transformers' and the hub's tqdm bars ("Loading weights", "Writing model shards") would add two
+        # lines per model load to DVC/Prefect logs; components.progress reports the long steps there
+        os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = applied["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
     root = project_root or Path.cwd()
     if "PREFECT_HOME" not in os.environ:
         os.environ["PREFECT_HOME"] = applied["PREFECT_HOME"] = str(root / ".prefect")

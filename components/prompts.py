@@ -10,7 +10,15 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-Style = Literal["parallel", "sequential"]
+# parallel: the schema instruction of the pipeline (NPR); sequential: plain reasoning; parallel_r1: the
+# Parallel-R1 recipe's instruction (its stages and checkpoints, whatever the pipeline's schema).
+Style = Literal["parallel", "sequential", "parallel_r1"]
+STYLES: tuple[str, ...] = ("parallel", "sequential", "parallel_r1")
+_FIELD_OF_STYLE = {
+    "parallel": "parallel_instruction",
+    "sequential": "sequential_instruction",
+    "parallel_r1": "parallel_r1_instruction",
+}
 
 
 @lru_cache(maxsize=16)
@@ -23,14 +31,15 @@ def _read(path: str) -> str:
 
 def instruction(prompts_cfg: Any, style: Style) -> str:
     """The instruction text for a style (``parallel`` = the schema instruction)."""
-    path = prompts_cfg.parallel_instruction if style == "parallel" else prompts_cfg.sequential_instruction
-    return _read(path)
+    if style not in _FIELD_OF_STYLE:
+        raise ValueError(f"unknown prompt style {style!r}; known: {', '.join(STYLES)}")
+    return _read(getattr(prompts_cfg, _FIELD_OF_STYLE[style]))
 
 
 def prompt_fingerprint(prompts_cfg: Any) -> dict[str, str]:
     """sha256 of each instruction file and of the joining settings; recorded with every run."""
     out = {}
-    for style in ("parallel", "sequential"):
+    for style in STYLES:
         out[f"{style}_sha256"] = hashlib.sha256(instruction(prompts_cfg, style).encode()).hexdigest()
     settings = f"{prompts_cfg.separator!r}|{prompts_cfg.system_prompt!r}|{prompts_cfg.enable_thinking!r}"
     out["settings_sha256"] = hashlib.sha256(settings.encode()).hexdigest()

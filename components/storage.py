@@ -131,6 +131,28 @@ def remote_uri(path: str, cfg: Any, root: Path | str | None = None) -> str:
     raise StorageError(f"{path} is not a recorded output in dvc.lock (has its stage run?)")
 
 
+def content_uri(md5: str, cfg: Any, root: Path | str | None = None) -> str:
+    """The remote URI of the DVC object ``md5`` (a file's md5, or a directory's ``<md5>.dir``)."""
+    return _content_uri(Path(root or "."), _storage_cfg(cfg).remote, md5)
+
+
+def dvc_md5(path: Path | str) -> dict[str, Any]:
+    """What DVC records for ``path`` in dvc.lock (``md5``, ``size``, ``nfiles`` for a directory), computed
+    here with DVC's own hashing (dvc_data): a stage can name its outputs' remote objects before DVC
+    records them. Reads every byte of ``path`` once."""
+    from dvc_data.hashfile.build import build
+    from dvc_data.hashfile.db import HashFileDB
+    from dvc_objects.fs.local import LocalFileSystem
+    from dvc_objects.fs.memory import MemoryFileSystem
+
+    staging = HashFileDB(MemoryFileSystem(global_store=False), "/staging")
+    _, meta, obj = build(staging, str(Path(path).resolve()), LocalFileSystem(), "md5")
+    out: dict[str, Any] = {"md5": obj.hash_info.value, "size": meta.size}
+    if meta.isdir:
+        out["nfiles"] = meta.nfiles
+    return out
+
+
 def _content_uri(root: Path, remote: str, md5: str) -> str:
     from dvc.repo import Repo
 

@@ -57,7 +57,14 @@ def resolve_checkpoint(cfg: PipelineConfig, checkpoint: str | None) -> Checkpoin
             raise FileNotFoundError(
                 f"promoted checkpoint {path} is not in the workspace; pull it first (dvc pull {path})"
             )
-    return CheckpointSpec(name, path, cfg.evaluate.mode_for(name), cfg.evaluate.prompt_style_for(name))
+    return CheckpointSpec(
+        name,
+        path,
+        cfg.decode_mode_of(name),
+        cfg.prompt_style_of(name),
+        schema=cfg.schema_of(name),
+        engine_settings=cfg.engine_settings_of(name),
+    )
 
 
 def resolve_baseline(cfg: PipelineConfig, checkpoint: str, baseline: str | None) -> Path:

@@ -15,23 +15,43 @@ checks and records a stage, not while the stage's command runs, and the flow pas
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import json
+import re
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
+from prefect.states import Completed
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from components.config import PipelineConfig
-from components.dag import independent_stages, load_stages, stage_order
+from components.dag import ancestors, independent_stages, load_stages, stage_order
 from components.fingerprint import stage_fingerprint
-from flows.stage import _dvc, ensure_profile, execute_stage
+from flows.stage import RAN, RESTORED, UP_TO_DATE, _dvc, ensure_profile, execute_stage
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def profile_names(root: Path = REPO_ROOT) -> tuple[str, ...]:
+    """The profiles a run may use: configs/<name>.yaml."""
+    return tuple(sorted(p.stem for p in (root / "configs").glob("*.yaml")))
+
+
+# The run form's choices, read when the flow is loaded (deployed or run): Prefect renders a Literal as a
+# drop-down and, with enforce_parameter_schema (prefect.yaml), the server refuses any other value when the
+# run is submitted, instead of the run failing later.
+ProfileName = Literal[profile_names()]  # type: ignore[valid-type]
+StageName = Literal[tuple(load_stages(REPO_ROOT / "dvc.yaml"))]  # type: ignore[valid-type]
+# Task state names: a stage DVC found up to date is visibly not one that ran.
+STATE_NAMES = {RAN: "Ran", UP_TO_DATE: "Up to date", RESTORED: "Restored from run-cache"}
 
 NPR_STAGE_DEPLOYMENT = "npr-stage/npr-stage"
 # Most stages the flow's thread pool could ever run at once; orchestration.max_parallel_stages limits it.
@@ -40,10 +60,77 @@ MAX_WORKERS = 8
 _SLOTS: dict[str, threading.BoundedSemaphore] = {}
 
 
-def _metrics_markdown(stage: str, metrics: dict[str, Any]) -> str:
-    rows = [f"| {k} | {v} |" for k, v in sorted(metrics.items()) if not isinstance(v, dict | list)]
-    body = "\n".join(["| metric | value |", "|---|---|", *rows]) if rows else "_no scalar metrics_"
-    return f"## Stage `{stage}`\n\n{body}\n"
+def _metrics_markdown(stage: str, metrics: dict[str, Any], outcome: str, wall_s: float) -> str:
+    """The stage's numbers for the Prefect UI: how the task went, the flat metrics `dvc metrics show` reads,
+    the evaluation's tables, then every other number of the stage's record, flattened."""
+    from components.reporting import checkpoint_summary, stage_summary
+
+    header = {
+        RAN: f"ran in {wall_s:.1f} s (the stage itself: {metrics.get('wall_time_s', '–')} s)",
+        UP_TO_DATE: "up to date: DVC skipped it; the numbers are those of the run that produced its outputs",
+        RESTORED: "restored from DVC's run-cache: not run again; the numbers are those of the cached run",
+    }.get(outcome, outcome)
+    parts = [f"## Stage `{stage}`: {header}", ""]
+    if not metrics:
+        return "\n".join([*parts, "_no metrics recorded_", ""])
+    if "checkpoints" in metrics:
+        from components.evaluation.report import accuracy_table, throughput_table
+
+        parts += [
+            "### Accuracy",
+            "",
+            accuracy_table(metrics),
+            "",
+            "### Throughput",
+            "",
+            throughput_table(metrics),
+        ]
+        rows = {
+            f"{c}/{k}": v for c, m in metrics["checkpoints"].items() for k, v in checkpoint_summary(m).items()
+        }
+    else:
+        rows = stage_summary(stage, metrics)
+    parts += ["", "### Summary (`dvc metrics show`)", "", _table(_flatten(rows))]
+    skip = {"provenance", "checkpoints", "settings", "evals", "rejection_examples"}
+    detail = _flatten({k: v for k, v in metrics.items() if k not in skip})
+    detail = {k: v for k, v in detail.items() if k not in _flatten(rows)}
+    if detail:
+        parts += ["", "### All recorded numbers", "", _table(detail)]
+    prov = metrics.get("provenance") or {}
+    if prov:
+        parts += ["", "Provenance: " + ", ".join(f"{k} `{v}`" for k, v in _flatten(prov).items())]
+    return "\n".join(parts) + "\n"
+
+
+def _flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dicts as ``outer/inner`` keys; scalars only (lists, e.g. the eval history, are left out)."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{prefix}{key}/"))
+        elif isinstance(value, int | float | str):
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _table(rows: dict[str, Any]) -> str:
+    def cell(v: Any) -> str:
+        return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+    return "\n".join(["| metric | value |", "|---|---|", *(f"| {k} | {cell(v)} |" for k, v in rows.items())])
+
+
+def embed_images(markdown: str, base: Path) -> str:
+    """``![x](file.png)`` -> ``![x](data:image/png;base64,...)``: a Prefect artifact cannot link files."""
+
+    def inline(match: re.Match[str]) -> str:
+        path = base / match.group(2)
+        if not path.is_file():
+            return match.group(0)
+        data = base64.b64encode(path.read_bytes()).decode()
+        return f"![{match.group(1)}](data:image/png;base64,{data})"
+
+    return re.sub(r"!\[([^\]]*)\]\(([^):]+\.png)\)", inline, markdown)
 
 
 def run_stage_in_flow(
@@ -63,18 +150,33 @@ def run_stage_in_flow(
     if slots is not None:
         slots.acquire()
     start = time.perf_counter()
+    report: dict[str, Any] = {}
     try:
-        metrics = _run_stage(stage, profile, gpu, pipeline_run_id, torch_threads)
+        metrics = _run_stage(stage, profile, gpu, pipeline_run_id, torch_threads, report)
     finally:
         wall = round(time.perf_counter() - start, 1)
         if slots is not None:
             slots.release()
-    _publish(stage, fingerprint, metrics)
-    return {"metrics": metrics, "wall_s": wall}
+    outcome = report.get("outcome", RAN)
+    _publish(stage, fingerprint, metrics, outcome, wall)
+    return {"metrics": metrics, "wall_s": wall, "outcome": outcome}
+
+
+def stage_task_body(*args: Any, **kwargs: Any) -> Any:
+    """``run_stage_in_flow`` as the stage task runs it: its final state is named after the outcome ("Ran",
+    "Up to date", "Restored from run-cache"), so the UI shows which stages did work."""
+    result = run_stage_in_flow(*args, **kwargs)
+    name = STATE_NAMES.get(result["outcome"], "Completed")
+    return Completed(name=name, message=f"stage {args[0]}: {result['outcome']}", data=result)
 
 
 def _run_stage(
-    stage: str, profile: str, gpu: bool, pipeline_run_id: str, torch_threads: int | None
+    stage: str,
+    profile: str,
+    gpu: bool,
+    pipeline_run_id: str,
+    torch_threads: int | None,
+    report: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     from components.config import load_config
 
@@ -82,31 +184,87 @@ def _run_stage(
     if gpu:
         from prefect.deployments import run_deployment
 
-        from flows.stage import stage_metrics
+        from flows.stage import restore_from_run_cache, stage_metrics
 
         run = run_deployment(
             name=NPR_STAGE_DEPLOYMENT,
-            parameters={"stage": stage, "profile": profile},
-            job_variables={"env": {"NPR_PIPELINE_RUN_ID": pipeline_run_id}},
+            parameters=gpu_stage_parameters(stage, profile),
+            job_variables=gpu_job_variables(stage, cfg, pipeline_run_id),
             timeout=cfg.orchestration.timeout_for(stage),
         )
         if not run.state or not run.state.is_completed():
             raise RuntimeError(f"stage {stage} on the gpu pool ended in {run.state}")
+        # the worker pushed the outputs and the run-cache: bring them (and the dvc.lock entry) here
+        restore_from_run_cache(stage, timeout_s=cfg.orchestration.timeout_for(stage))
         return stage_metrics(stage)
-    return execute_stage(stage, cfg, pipeline_run_id, torch_threads)
+    return execute_stage(stage, cfg, pipeline_run_id, torch_threads, report)
 
 
-def _publish(stage: str, fingerprint: str, metrics: dict[str, Any]) -> None:
+def gpu_stage_parameters(stage: str, profile: str) -> dict[str, Any]:
+    """The npr-stage flow's parameters: the stage, the profile, this machine's params.yaml and its dvc.lock
+    entries of the other stages (so the worker runs with the same params and can pull the inputs this
+    machine produced; the run-cache entry it pushes then matches what this machine restores)."""
+    from flows.stage import PARAMS_FILE, lock_entries
+
+    return {
+        "stage": stage,
+        "profile": profile,
+        "upstream_lock": lock_entries(exclude=stage),
+        "params_yaml": PARAMS_FILE.read_text(),  # hand edits (dvc exp run -S) included
+    }
+
+
+def gpu_job_variables(stage: str, cfg: Any, pipeline_run_id: str) -> dict[str, Any]:
+    """The gpu pool job of a stage: as many GPUs as its own settings use (``memory.gpus_for``: 0 for a
+    verl stage on a running Ray cluster, 1 for the torch-engine evaluate), and the commit this pipeline
+    runs, which the worker checks out before running the stage (infra/gpu/checkout.sh)."""
+    from components.training.memory import gpus_for
+
+    env = {"NPR_PIPELINE_RUN_ID": pipeline_run_id, **launching_commit()}
+    return {"env": env, "gpu_count": gpus_for(stage, cfg)}
+
+
+def launching_commit(root: Path | None = None) -> dict[str, str]:
+    """``NPR_GIT_COMMIT`` (HEAD of this checkout) and ``NPR_GIT_REMOTE`` (its origin), for the worker.
+
+    Refuses a checkout whose tracked code differs from HEAD: a GPU worker runs a commit, so uncommitted
+    code would silently not run there (params.yaml and dvc.lock travel as flow parameters instead)."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout
+
+    try:
+        commit = git("rev-parse", "HEAD").strip()
+    except (OSError, subprocess.CalledProcessError):
+        return {}  # not a git checkout: the worker runs the code its image holds
+    entries = git("status", "--porcelain=v1", "-z", "--untracked-files=no").split("\0")
+    changed = [e[3:] for e in entries if e and e[3:] not in ("params.yaml", "dvc.lock")]
+    if changed:
+        raise RuntimeError(
+            f"uncommitted changes to {changed[:5]}{' ...' if len(changed) > 5 else ''}: the gpu pool runs "
+            f"commit {commit[:12]}, not this working tree; commit (and push) them first"
+        )
+    out = {"NPR_GIT_COMMIT": commit}
+    with contextlib.suppress(subprocess.CalledProcessError):
+        out["NPR_GIT_REMOTE"] = git("remote", "get-url", "origin").strip()
+    return out
+
+
+def _publish(
+    stage: str, fingerprint: str, metrics: dict[str, Any], outcome: str = RAN, wall_s: float = 0.0
+) -> None:
     key = stage.replace("_", "-")
     create_markdown_artifact(
         key=f"{key}-metrics",
-        markdown=_metrics_markdown(stage, metrics),
-        description=f"{stage} metrics (fingerprint {fingerprint})",
+        markdown=_metrics_markdown(stage, metrics, outcome, wall_s),
+        description=f"{stage}: {outcome} (version {fingerprint})",
     )
     report = Path("artifacts") / stage / "report" / "report.md"
     if report.exists():
         create_markdown_artifact(
-            key=f"{key}-report", markdown=report.read_text(), description=f"{stage} report"
+            key=f"{key}-report",
+            markdown=embed_images(report.read_text(encoding="utf-8"), report.parent),
+            description=f"{stage} report ({outcome})",
         )
 
 
@@ -140,34 +298,55 @@ def record_timing(run_id: str, profile: str, stage_wall_s: dict[str, float], tot
     return out
 
 
-def plan(cfg: PipelineConfig, stages: list[str]) -> list[str]:
-    """Human-readable plan for `npr run --dry-run`: each stage, where it runs, whether DVC finds it stale."""
+def plan(cfg: PipelineConfig, stages: list[str], current: PipelineConfig | None = None) -> list[str]:
+    """Human-readable plan for `npr run --dry-run`: each stage, where it runs, whether it is stale.
+
+    DVC's view (``dvc status``) is of params.yaml as it is on disk; when ``cfg`` (the profile and overrides
+    asked for, not written) differs from ``current`` (params.yaml), the stages whose params change and every
+    stage downstream of them are stale too.
+    """
     proc = subprocess.run([_dvc(), "status", "--json"], capture_output=True, text=True, check=False)
     try:
         stale = set(json.loads(proc.stdout or "{}"))
     except json.JSONDecodeError:
         stale = set()
     specs = load_stages()
+    changed: set[str] = set()
+    if current is not None:
+        changed = {
+            n for n in specs if stage_fingerprint(specs[n], cfg) != stage_fingerprint(specs[n], current)
+        }
+        changed |= {n for n in specs if ancestors(specs, n) & changed}
     lines = [f"profile {cfg.profile}; {len(stages)} stage(s)"]
+    if changed:
+        lines[0] += "; params.yaml not written (dry run)"
     for name in stages:
         where = "gpu pool" if name in cfg.orchestration.gpu_stages else "local"
-        state = "stale" if any(s == name or s.endswith(f":{name}") for s in stale) else "up to date"
+        if name in changed:
+            state = "stale (params)"
+        elif any(s == name or s.endswith(f":{name}") for s in stale):
+            state = "stale"
+        else:
+            state = "up to date"
         lines.append(
-            f"  {name:<18} {where:<8} {state:<10} version {stage_fingerprint(specs[name], cfg)}  $ {specs[name].cmd}"
+            f"  {name:<18} {where:<8} {state:<14} version {stage_fingerprint(specs[name], cfg)}  $ {specs[name].cmd}"
         )
     return lines
 
 
 @flow(name="npr-pipeline", log_prints=True, task_runner=ThreadPoolTaskRunner(max_workers=MAX_WORKERS))
 def npr_pipeline(
-    profile: str = "tiny", stages: list[str] | None = None, overrides: list[str] | None = None
+    profile: ProfileName = "tiny",  # type: ignore[assignment]
+    stages: list[StageName] | None = None,
+    overrides: list[str] | None = None,
 ) -> dict:
     """Run the NPR pipeline (all stages, or the selected ones) for a profile; each stage starts when its
     upstream stages are done, independent branches at once up to orchestration.max_parallel_stages.
 
     Args:
-        profile: configs/<profile>.yaml to run (materialised into params.yaml when it differs).
-        stages: a subset of dvc.yaml's stage names; empty = all.
+        profile: the profile to run, one of the files in configs/ (materialised into params.yaml when it
+            differs from the current one).
+        stages: stages of dvc.yaml to run; empty = all of them.
         overrides: `section.key=value` config overrides applied on top of the profile.
     """
     cfg = ensure_profile(profile, overrides)
@@ -190,7 +369,7 @@ def npr_pipeline(
             # No Prefect timeout_seconds: in a worker thread it cannot interrupt the running stage; the task
             # enforces orchestration.timeout_for(stage) itself (flows/stage.py kills the stage's processes).
             runner = task(
-                run_stage_in_flow,
+                stage_task_body,
                 name=f"stage-{name}",
                 version=fingerprint,
                 retries=cfg.orchestration.retries,

@@ -19,11 +19,12 @@ from typing import Any
 
 from components.data.problems import load_problems
 from components.data.sources import hub_offline
+from components.errors import UserError
 
 Record = dict[str, Any]
 
 
-class BenchmarkError(ValueError):
+class BenchmarkError(UserError, ValueError):
     """A benchmark file is malformed (missing field, empty answer, answer not among the choices)."""
 
 

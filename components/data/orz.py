@@ -6,8 +6,11 @@ Rows come out as ``{id, problem, answer, source, difficulty: None, origin}``; ``
 ``<file name>#<item index>`` so every quarantined row can be found in its file.
 
 Reading never drops an item: an item of the wrong shape becomes a row with ``problem``/``answer`` set to
-None (the quality suite then quarantines it with its reason). A whole file of the wrong schema (ORZ's
-eval files, ``{"prompt": ..., "final_answer": ...}``) or a truncated file raises ``OrzFormatError``.
+None (the quality suite then quarantines it with its reason). A field of the wrong type (a number or a
+list as the problem; a NaN, boolean, list or dict as the answer) becomes None too, and the row keeps the
+raw value and its type in ``raw_fields`` so the quarantine record shows what was in the file. A finite
+number is a usable answer (``27.0`` -> ``"27"``), never a usable problem. A whole file of the wrong schema
+(ORZ's eval files, ``{"prompt": ..., "final_answer": ...}``) or a truncated file raises ``OrzFormatError``.
 
 Truncated files: the public 72k copy is cut mid-record. With ``recover_truncated=True`` the complete
 items before the cut are kept (decoded one by one with ``json.JSONDecoder.raw_decode``, so no assumption
@@ -19,16 +22,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from components.data.problems import content_id
+from components.errors import UserError
 
 SOURCE = "orz"
 
 
-class OrzFormatError(ValueError):
+class OrzFormatError(UserError, ValueError):
     """An ORZ file is not in the raw training schema, or is truncated and recovery was not asked for."""
 
 
@@ -123,26 +128,52 @@ def _check_schema(items: list[Any], path: Path) -> None:
         )
 
 
-def _as_text(value: Any) -> str | None:
-    # Answers are sometimes numbers in hand-made files; anything else (lists, dicts) is not a usable text.
+def json_safe(value: Any) -> Any:
+    """``value`` as strict JSON can hold it: non-finite floats as their JSON-extension names."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    return value
+
+
+def _raw(value: Any) -> dict[str, Any]:
+    return {"type": type(value).__name__, "value": json_safe(value)}
+
+
+def _problem_text(value: Any) -> tuple[str | None, dict[str, Any] | None]:
+    """(text, None) for a string; (None, raw) for any other value (None itself is just missing)."""
     if isinstance(value, str):
-        return value.strip()
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, int | float):
-        return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
-    return None
+        return value.strip(), None
+    return None, (None if value is None else _raw(value))
+
+
+def _answer_text(value: Any) -> tuple[str | None, dict[str, Any] | None]:
+    """Strings and finite numbers are answers (hand-made files use numbers); NaN, infinities, booleans,
+    lists and dicts are not, and come back as raw values."""
+    if isinstance(value, str):
+        return value.strip(), None
+    if value is None:
+        return None, None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None, _raw(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return None, _raw(value)
+        return (str(int(value)) if value.is_integer() else str(value)), None
+    return str(value), None
 
 
 def normalise_item(item: Any, origin: str, source: str = SOURCE) -> dict[str, Any]:
-    """One raw ORZ item as a problem row; fields it lacks are None (quarantined later, never dropped)."""
+    """One raw ORZ item as a problem row; fields it lacks are None (quarantined later, never dropped), and
+    wrong-typed fields are None with their raw value in ``raw_fields``."""
     problem = answer = None
+    raw_fields: dict[str, Any] = {}
     if isinstance(item, list) and len(item) == 2 and all(isinstance(t, dict) for t in item):
         human, assistant = item
-        problem = _as_text(human.get("value"))
+        problem, raw_problem = _problem_text(human.get("value"))
         truth = assistant.get("ground_truth")
-        answer = _as_text(truth.get("value")) if isinstance(truth, dict) else None
-    return {
+        answer, raw_answer = _answer_text(truth.get("value")) if isinstance(truth, dict) else (None, None)
+        raw_fields.update({k: v for k, v in (("problem", raw_problem), ("answer", raw_answer)) if v})
+    row = {
         "id": content_id(problem or "", answer or ""),
         "problem": problem,
         "answer": answer,
@@ -150,6 +181,9 @@ def normalise_item(item: Any, origin: str, source: str = SOURCE) -> dict[str, An
         "difficulty": None,
         "origin": origin,
     }
+    if raw_fields:
+        row["raw_fields"] = raw_fields
+    return row
 
 
 def orz_files(path: Path) -> list[Path]:

@@ -2,9 +2,11 @@
 
 Two suites run on a pandas frame derived from the rows (ephemeral GX context, no files, no telemetry):
 
-* ``problem_rows`` (every row): problem and answer present, non-empty, problem length in bounds, answer not
-  absurdly long, text free of NULs and undecodable bytes. A row failing any of them is quarantined with
-  all its reasons.
+* ``problem_rows`` (every row): problem and answer present and of a usable type (the problem text, the
+  answer text or a finite number: a numeric problem, a NaN, boolean, list or dict answer is quarantined as
+  ``problem_not_text`` / ``answer_not_finite`` / ``answer_wrong_type`` with its raw value, which the reader
+  keeps in ``raw_fields``), non-empty, problem length in bounds, answer not absurdly long, text free of NULs
+  and undecodable bytes. A row failing any of them is quarantined with all its reasons.
 * ``problem_uniqueness`` (rows that passed): unique ids and no duplicate problems after whitespace
   normalisation. GX flags every member of a duplicate group; the first occurrence is kept and the others
   are recorded as duplicates of it (counted separately from quarantine).
@@ -19,6 +21,7 @@ GX is imported lazily (about 5 s) so that importing this module stays cheap.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -26,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from components.data.problems import normalise_whitespace
+from components.errors import UserError
 
 # Lone surrogates (bytes that were not UTF-8, kept by surrogateescape) cannot enter pandas' Arrow strings;
 # they become U+FFFD in the checked frame, and the text check flags U+FFFD and NUL.
@@ -33,7 +37,7 @@ _SURROGATES = re.compile("[\ud800-\udfff]")
 INVALID_TEXT_REGEX = "[\x00\ufffd]"
 
 
-class DataQualityError(RuntimeError):
+class DataQualityError(UserError, RuntimeError):
     """Too few rows survived the quality gate, or the counts do not reconcile."""
 
 
@@ -103,8 +107,30 @@ def _checked_text(value: Any) -> str | None:
     return normalise_whitespace(_SURROGATES.sub("\ufffd", value))
 
 
+def value_type(row: dict[str, Any], field: str) -> str:
+    """What ``row[field]`` held in the source: ``text``, ``number``, ``non_finite``, ``bool``, ``list``,
+    ``dict``, ``missing``, ... (the raw value the reader set aside in ``raw_fields`` when there is one)."""
+    raw = (row.get("raw_fields") or {}).get(field)
+    if raw is not None:
+        kind, value = raw["type"], raw["value"]
+        if kind == "float" and value in ("NaN", "Infinity", "-Infinity"):
+            return "non_finite"
+        return {"int": "number", "float": "number", "str": "text"}.get(kind, kind)
+    value = row.get(field)
+    if value is None:
+        return "missing"
+    if isinstance(value, str):
+        return "text"
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int | float):
+        return "number" if math.isfinite(value) else "non_finite"
+    return type(value).__name__
+
+
 def checked_frame(rows: list[dict[str, Any]]) -> Any:
-    """The frame the suites see: id, whitespace-normalised problem and answer (None when absent)."""
+    """The frame the suites see: id, whitespace-normalised problem and answer text (None unless text) and
+    what type each field had."""
     import pandas as pd
 
     return pd.DataFrame(
@@ -112,6 +138,8 @@ def checked_frame(rows: list[dict[str, Any]]) -> Any:
             "id": [r.get("id") for r in rows],
             "problem": [_checked_text(r.get("problem")) for r in rows],
             "answer": [_checked_text(r.get("answer")) for r in rows],
+            "problem_type": [value_type(r, "problem") for r in rows],
+            "answer_type": [value_type(r, "answer") for r in rows],
         },
         dtype=object,
     )
@@ -122,8 +150,22 @@ def row_expectations(rules: QualityRules) -> list[tuple[str, Any]]:
     import great_expectations.expectations as gxe
 
     return [
-        ("problem_missing", gxe.ExpectColumnValuesToNotBeNull(column="problem")),
-        ("answer_missing", gxe.ExpectColumnValuesToNotBeNull(column="answer")),
+        ("problem_missing", gxe.ExpectColumnValuesToNotBeInSet(column="problem_type", value_set=["missing"])),
+        (
+            "problem_not_text",
+            gxe.ExpectColumnValuesToBeInSet(column="problem_type", value_set=["text", "missing"]),
+        ),
+        ("answer_missing", gxe.ExpectColumnValuesToNotBeInSet(column="answer_type", value_set=["missing"])),
+        (
+            "answer_not_finite",
+            gxe.ExpectColumnValuesToNotBeInSet(column="answer_type", value_set=["non_finite"]),
+        ),
+        (
+            "answer_wrong_type",
+            gxe.ExpectColumnValuesToBeInSet(
+                column="answer_type", value_set=["text", "number", "non_finite", "missing"]
+            ),
+        ),
         ("problem_empty", gxe.ExpectColumnValueLengthsToBeBetween(column="problem", min_value=1)),
         ("answer_empty", gxe.ExpectColumnValueLengthsToBeBetween(column="answer", min_value=1)),
         (

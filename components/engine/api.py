@@ -6,7 +6,6 @@ from typing import Any
 
 from components.engine.config import GenerationConfig
 from components.engine.generation import Generation
-from components.engine.parallel import EngineTags
 
 
 def generate(
@@ -21,22 +20,24 @@ def generate(
 
     Args:
         model: a Hugging Face causal LM (torch backend); ignored by the sglang backend, which talks to the
-            server named in ``cfg.server_url``.
+            server at ``cfg.server_url`` (started by the stage for its checkpoint, ``components.ops.serving``).
         prompts: fully rendered prompt texts (chat template applied, ending with the assistant header).
-        cfg: sampling, mode and budgets.
+        cfg: sampling, mode, budgets, backend and merge mode.
         tags: ``components.structure.TagIds`` of the tokenizer; required when ``cfg.mode == "parallel"``.
         response_prefixes: optional text each response is forced to start with (recorded as forced tokens).
 
     Returns:
-        one Generation per prompt, in order.
+        one Generation per prompt, in order; decisions (forks, refusals, budgets, positions) come from
+        ``components.engine.controller`` for every backend.
     """
     if response_prefixes is not None and len(response_prefixes) != len(prompts):
         raise ValueError(f"{len(response_prefixes)} response prefixes for {len(prompts)} prompts")
-    engine_tags = EngineTags.from_tag_ids(tags) if tags is not None else None
+    if cfg.mode == "parallel" and tags is None:
+        raise ValueError("mode='parallel' needs the tag ids (tags=TagIds.from_tokenizer(...))")
     if cfg.backend == "sglang":
         from components.engine.backends.sglang_client import generate_sglang
 
-        return generate_sglang(tokenizer, prompts, cfg, response_prefixes)
+        return generate_sglang(tokenizer, prompts, cfg, tags, response_prefixes)
     from components.engine.backends.torch_backend import generate_torch
 
-    return generate_torch(model, tokenizer, prompts, cfg, engine_tags, response_prefixes)
+    return generate_torch(model, tokenizer, prompts, cfg, tags, response_prefixes)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from components.settings import StrictModel
 
@@ -12,15 +12,28 @@ from components.settings import StrictModel
 class GenerationConfig(StrictModel):
     """Sampling settings shared by every engine backend.
 
-    ``mode="parallel"`` makes the torch engine fork at ``</guideline>`` (one branch per plan, at most
-    ``max_branches``, nesting at most ``max_depth``); ``"sequential"`` decodes one stream with plain causal
-    visibility. ``temperature=0`` is greedy. ``top_k=-1`` disables top-k.
+    ``mode="parallel"`` makes the engine (every backend: the decisions are ``components.engine.controller``'s)
+    fork at the schema's trigger, ``</guideline>`` (one branch per plan, at most ``max_branches``, nesting at
+    most ``max_depth``; a schema whose fork rule has a fixed number of branches, Parallel-R1, forks at its
+    trigger into ``paths`` of them); ``"sequential"`` decodes one stream with plain causal visibility.
+    ``temperature=0`` is greedy. ``top_k=-1`` disables top-k.
 
     Budgets: ``max_new_tokens`` bounds the tokens generated across ALL branches of a response (a fork is
     refused unless every branch can write ``min_step_tokens`` content tokens plus its tags, and the
     ``<takeaway>``); ``kv_budget_tokens`` bounds the KV entries one sequence may hold (prompt + response);
     a fork that would cross it is refused and a sequence that reaches it finishes with reason
-    ``kv_budget``. ``max_step_tokens`` closes a runaway branch with a forced ``</step>``.
+    ``kv_budget`` (in the torch engine's ``reprefill`` mode the hidden branch slots are not counted).
+    ``max_step_tokens`` closes a runaway branch with a forced ``</step>``. ``step_repetition_penalty``
+    applies inside steps; SGLang returns the log-probs of the penalised distribution, the torch engine
+    those of the model's own.
+
+    Backends (docs/architecture.md "Engine"): ``torch`` decodes in this process; ``sglang`` sends the
+    controller's requests to an SGLang server's native ``/generate`` API, at most ``batch_size`` in flight.
+    ``merge_mode`` is how a merged block is continued: ``shared_kv`` (the torch engine only: exact) or
+    ``reprefill`` (the branches re-read as sequential text; the only mode a stock server can do, and what
+    the torch engine does on request to measure it). With ``server: launch`` the stage starts a server for
+    the checkpoint it samples from ``server_spec`` and stops it afterwards; ``attach`` uses the server
+    already running at ``server_url`` (it must serve that checkpoint).
     """
 
     mode: Literal["sequential", "parallel"] = "sequential"
@@ -29,6 +42,9 @@ class GenerationConfig(StrictModel):
     top_k: int = Field(-1, ge=-1)
     max_new_tokens: int = Field(30000, ge=1)
     max_branches: int = Field(5, ge=1)
+    # Branches of a fork rule with a fixed number of unlabelled branches (Parallel-R1's paths); None = the
+    # schema's number (components.structure.ForkRule.branches). A plan-labelled schema rejects it.
+    paths: int | None = Field(None, ge=1)
     max_depth: int = Field(1, ge=1)
     step_repetition_penalty: float = Field(1.02, gt=0)
     min_step_tokens: int = Field(1, ge=1)
@@ -37,9 +53,34 @@ class GenerationConfig(StrictModel):
     batch_size: int = Field(64, ge=1)
     seed: int = Field(0, ge=0)
     backend: Literal["torch", "sglang"] = "torch"
-    # sglang backend only: the server's base URL and a per-request timeout.
+    merge_mode: Literal["shared_kv", "reprefill"] = "shared_kv"
+    # sglang backend only: the server (launched per checkpoint from a spec, or attached), a per-request
+    # timeout and how long a launched server may take to become healthy.
+    server: Literal["launch", "attach"] = "launch"
+    server_spec: str = "infra/sglang/server.yaml"
     server_url: str = "http://127.0.0.1:30000"
+    # keys of the server spec overridden for this stage's launched server (e.g. {dp_size: 1})
+    server_args: dict[str, int | float | bool | str] = {}
     request_timeout_s: float = Field(600.0, gt=0)
+    server_start_timeout_s: float = Field(900.0, gt=0)
+
+    @model_validator(mode="after")
+    def _merge_mode_fits_backend(self) -> GenerationConfig:
+        from components.ops.launch import SGLANG_KEYS
+
+        unknown = sorted(set(self.server_args) - (SGLANG_KEYS - {"model_path", "host", "port"}))
+        if unknown:
+            raise ValueError(
+                f"server_args {unknown} are not keys a launched SGLang server takes (model_path, host and "
+                f"port are set by the stage); known: {sorted(SGLANG_KEYS - {'model_path', 'host', 'port'})}"
+            )
+        if self.backend == "sglang" and self.merge_mode == "shared_kv":
+            raise ValueError(
+                "merge_mode 'shared_kv' needs the torch backend: SGLang's /generate API has no parallel "
+                "mask or positions, so a merge re-reads the branches (merge_mode: reprefill); set "
+                "generation.merge_mode to reprefill or generation.backend to torch"
+            )
+        return self
 
 
 class DistillConfig(StrictModel):

@@ -1,15 +1,24 @@
-"""The torch decode loop: a batch of prompts, one shared cache, sequential or native parallel decoding.
+"""The torch backend of the fork/merge controller: a batch of sequences in one shared cache, on any device.
 
-Each sequence has a main stream; in parallel mode an admitted fork suspends it and starts one stream per
-plan. Every step feeds one pending token per active stream (Q = the most active streams of any row),
-with explicit ``position_ids`` and the owner mask of ``kv_layout``; the logits then give each stream its
-next token (sampled, or forced: a branch's label, a ``</step>`` at ``max_step_tokens``, a response prefix).
-Sequential mode is the same loop with forking off (Q = 1), so both modes share one tested code path.
+Each prompt has a ``SequenceController`` (``components.engine.controller``) that decides what to decode;
+this module only serves its ``Extension`` requests. Every step feeds, for every row, the tokens its
+streams need in the cache (Q = the widest row): a stream's last token, the trigger a fork starts from,
+the branches' closing tokens at a merge; each with explicit ``position_ids`` and the owner mask of
+``kv_layout``. The logits at those tokens then give every consuming stream its next token, forced or
+sampled. Sequential mode is the same loop with forking off (Q = 1), so both modes share one tested path.
 
-Finish reasons: ``stop`` (end-of-turn sampled in the main stream), ``length`` (``max_new_tokens`` spent
-across all branches), ``kv_budget`` (``kv_budget_tokens`` reached). A sequence that runs out of budget
-inside a block keeps its partial branches in plan order; the log-probabilities of openers whose flat
-predecessor was never fed are NaN (such a response is malformed and no trainer uses it).
+Merges (``merge_mode``):
+- ``shared_kv`` (default, exact): the branches' KV stays where it was written and becomes visible to
+  the main stream; positions are the canonical ones, so every log-probability equals the trainer's
+  teacher-forced one under ``components.structure.parallel_attention_inputs``.
+- ``reprefill``: what a server without a parallel mask does (SGLang's native API): the branch slots are
+  hidden and the branches are fed again as one sequential text at sequential positions; everything after
+  the first merge then continues at sequential positions. Used to measure that approximation
+  (benchmarks/bench_merge.py) against the exact mode on the same model and prompts.
+
+Memory: the KV cache grows with what is generated (``kv_cache.GrowingLayer`` doubles), never sized for
+``max_new_tokens`` up front; the prefill computes the last position's logits only; and per step only the
+chosen tokens and their log-probabilities leave the device (one ``(2, n)`` transfer), never the logits.
 """
 
 from __future__ import annotations
@@ -21,91 +30,76 @@ from typing import Any
 import torch
 
 from components.engine.config import GenerationConfig
-from components.engine.generation import BlockRecord, Generation
+from components.engine.controller import (
+    MAIN,
+    DecodePolicy,
+    Extension,
+    ExtensionResult,
+    MergeMode,
+    SequenceController,
+    end_of_turn_ids,
+)
+from components.engine.generation import Generation
 from components.engine.kv_cache import growing_cache
 from components.engine.kv_layout import PAD, SHARED, SlotOwners
-from components.engine.ledger import TokenLedger
-from components.engine.parallel import Branch, EngineTags, OpenBlock, plan_fork
 from components.engine.sampling import apply_repetition_penalty, choose_tokens
+
+__all__ = ["Decoder", "end_of_turn_ids"]
+
+# KV slots reserved per row before the first decode step beyond the prompt; the cache doubles from there.
+INITIAL_DECODE_SLOTS = 64
 
 
 @dataclass
-class _Sequence:
-    """Decode state of one prompt."""
+class _Stream:
+    """Backend state of one stream of one row: the request it serves and its token not yet in the cache."""
 
-    prompt_ids: list[int]
-    ledger: TokenLedger
-    forced_queue: list[int]
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    position_ids: list[int] = field(default_factory=list)
-    forced: list[bool] = field(default_factory=list)
-    cursor: int = 0
-    pending: int | None = None
-    block: OpenBlock | None = None
-    blocks: list[BlockRecord] = field(default_factory=list)
-    refusals: list[str] = field(default_factory=list)
-    finish_reason: str | None = None
-    stop_token_id: int | None = None
-    stop_logprob: float | None = None
-    guideline_at: int | None = None  # response index of the main stream's open <guideline>
-
-    def append(self, token: int, logprob: float, forced: bool, tags: EngineTags | None) -> None:
-        self.token_ids.append(token)
-        self.logprobs.append(logprob)
-        self.position_ids.append(self.cursor)
-        self.forced.append(forced)
-        self.pending = token
-        self.cursor += 1
-        if tags is not None and token == tags.guideline_open:
-            self.guideline_at = len(self.token_ids) - 1
-
-    def streams(self) -> list[Any]:
-        """Streams that feed a token this step: the main stream, or the unfinished branches."""
-        if self.finish_reason is not None:
-            return []
-        if self.block is not None:
-            return [b for b in self.block.branches if not b.done]
-        return [self]
+    ext: Extension | None = None
+    forced: list[int] = field(default_factory=list)
+    n_sampled: int = 0
+    ids: list[int] = field(default_factory=list)
+    lps: list[float] = field(default_factory=list)
+    pending: int | None = None  # the last token appended, fed at the next step that needs it
+    position: int = 0  # the position that token is fed at
+    history: list[int] = field(default_factory=list)  # this stream's tokens (the repetition penalty's view)
 
 
-def end_of_turn_ids(tokenizer: Any) -> list[int]:
-    """Token ids that end an assistant turn: ``<|im_end|>`` when the vocabulary has it, and eos."""
-    ids = []
-    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    if isinstance(im_end, int) and im_end != tokenizer.unk_token_id and im_end is not None:
-        ids.append(im_end)
-    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
-        ids.append(tokenizer.eos_token_id)
-    if not ids:
-        raise ValueError("tokenizer has neither <|im_end|> nor an eos token: cannot tell where a turn ends")
-    return ids
+@dataclass
+class _Row:
+    ctl: SequenceController
+    streams: dict[int, _Stream] = field(default_factory=dict)
+    todo: list[Extension] = field(default_factory=list)
+    fork_context: int = 0  # flat context length at the open block's fork (re-prefill merges)
+
+
+@dataclass
+class _Consumer:
+    """A stream that takes its next token from the logits of one fed token of its row."""
+
+    row: int
+    feed: int
+    stream: _Stream
 
 
 class Decoder:
-    """Decodes one batch of already tokenised prompts with a Hugging Face causal LM."""
+    """Decodes batches of already tokenised prompts with a Hugging Face causal LM."""
 
     def __init__(
         self,
         model: Any,
         tokenizer: Any,
         cfg: GenerationConfig,
-        tags: EngineTags | None,
+        tags: Any | None,
         generator: torch.Generator,
+        merge_mode: MergeMode = "shared_kv",
     ) -> None:
-        if cfg.mode == "parallel" and tags is None:
-            raise ValueError("mode='parallel' needs the tag ids (tags=TagIds.from_tokenizer(...))")
-        if cfg.mode == "parallel" and cfg.max_depth > 1:
-            raise ValueError(
-                "max_depth > 1: nested parallel blocks are not supported (the NPR schema has no steps inside "
-                "steps); set generation.max_depth to 1"
-            )
+        self.policy = DecodePolicy.from_config(cfg, tokenizer, tags)
         self.model = model
         self.tokenizer = tokenizer
         self.cfg = cfg
-        self.tags = tags
         self.generator = generator
-        self.stop_ids = end_of_turn_ids(tokenizer)
+        self.merge_mode = merge_mode
+        self.stop_ids = list(self.policy.end_ids)
         pad = tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else self.stop_ids[0]
         self.device = next(model.parameters()).device
@@ -113,265 +107,235 @@ class Decoder:
 
     # ------------------------------------------------------------------ public
     @torch.no_grad()
-    def run(self, prompts: list[list[int]], prefixes: list[list[int]] | None = None) -> list[Generation]:
+    def run(
+        self,
+        prompts: list[list[int]],
+        prefixes: list[list[int]] | None = None,
+        seeds: list[int] | None = None,
+    ) -> list[Generation]:
+        """Decode one batch; ``seeds`` are the controllers' sequence seeds (request seeds derive from them;
+        this backend samples from its one ``torch.Generator``)."""
         start = time.perf_counter()
-        seqs = [
-            _Sequence(
-                prompt_ids=list(p),
-                ledger=TokenLedger(self.cfg.max_new_tokens, len(p), self.cfg.kv_budget_tokens),
-                forced_queue=list(prefixes[i]) if prefixes else [],
-                cursor=len(p),
+        ctls = [
+            SequenceController(
+                p,
+                self.policy,
+                seed=seeds[i] if seeds else i,
+                forced_prefix=prefixes[i] if prefixes else (),
             )
             for i, p in enumerate(prompts)
         ]
-        for s in seqs:
-            if not s.prompt_ids:
-                raise ValueError("empty prompt: a prompt must have at least one token")
-            if s.ledger.remaining == 0:
-                s.finish_reason = s.ledger.exhausted_reason
-        # Room for the prompt and a whole sequential response; parallel blocks may grow it (doubling).
-        width = max((len(s.prompt_ids) for s in seqs), default=0)
-        cache = growing_cache(self.model, width + self.cfg.max_new_tokens + 1)
-        live = [i for i, s in enumerate(seqs) if s.finish_reason is None]
+        rows = [_Row(ctl=c, todo=c.start()) for c in ctls]
+        live = [r for r in rows if not r.ctl.done]
         if live:
-            owners, logits = self._prefill([seqs[i] for i in live], cache)
-            self._advance([seqs[i] for i in live], [[seqs[i]] for i in live], logits[:, None, :])
+            width = max(len(r.ctl.prompt_ids) for r in live)
+            cache = growing_cache(self.model, width + min(self.cfg.max_new_tokens, INITIAL_DECODE_SLOTS) + 1)
+            owners, logits = self._prefill(live, cache)
+            first = []
+            for k, r in enumerate(live):
+                main = _Stream()
+                self._begin(main, r.todo.pop())
+                r.streams[MAIN] = main
+                first.append(_Consumer(k, 0, main))
+            self._choose(live, first, logits)
             while True:
-                keep = [k for k, i in enumerate(live) if seqs[i].finish_reason is None]
+                keep = [k for k, r in enumerate(live) if not r.ctl.done]
                 if not keep:
                     break
                 if len(keep) < len(live):
-                    idx = torch.tensor(keep, dtype=torch.long)
-                    cache.batch_select_indices(idx.to(self.device))
+                    idx = torch.tensor(keep, dtype=torch.long, device=self.device)
+                    cache.batch_select_indices(idx)
                     owners.select_rows(idx)
                     live = [live[k] for k in keep]
-                rows = [seqs[i] for i in live]
-                streams = [s.streams() for s in rows]
-                logits = self._step(streams, owners, cache)
-                self._advance(rows, streams, logits)
-                for r, s in enumerate(rows):
-                    if s.block is not None and s.block.all_done and s.finish_reason is None:
-                        self._merge(s, owners, r)
+                self._step(live, owners, cache)
         wall = time.perf_counter() - start
-        return [self._result(s, wall) for s in seqs]
+        return [c.generation(backend="torch", merge_mode=self.merge_mode, wall_time_s=wall) for c in ctls]
 
     # ------------------------------------------------------------------ model calls
-    def _prefill(self, rows: list[_Sequence], cache: Any) -> tuple[SlotOwners, torch.Tensor]:
-        """Left-padded prefill of all prompts; returns the owners and the last-position logits ``(B, V)``."""
-        width = max(len(s.prompt_ids) for s in rows)
+    def _prefill(self, rows: list[_Row], cache: Any) -> tuple[SlotOwners, torch.Tensor]:
+        """Left-padded prefill of all prompts; returns the owners and the last-position logits ``(B, 1, V)``."""
+        width = max(len(r.ctl.prompt_ids) for r in rows)
         ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
         pos = torch.zeros((len(rows), width), dtype=torch.long)
         real = torch.zeros((len(rows), width), dtype=torch.bool)
-        for r, s in enumerate(rows):
-            n = len(s.prompt_ids)
-            ids[r, width - n :] = torch.tensor(s.prompt_ids)
-            pos[r, width - n :] = torch.arange(n)
-            real[r, width - n :] = True
-        owners = SlotOwners.for_prefill(real)
+        for k, r in enumerate(rows):
+            n = len(r.ctl.prompt_ids)
+            ids[k, width - n :] = torch.tensor(r.ctl.prompt_ids)
+            pos[k, width - n :] = torch.arange(n)
+            real[k, width - n :] = True
+        owners = SlotOwners.for_prefill(real.to(self.device))
         out = self.model(
             input_ids=ids.to(self.device),
-            attention_mask=owners.prefill_mask(self.dtype).to(self.device),
+            attention_mask=owners.prefill_mask(self.dtype),
             position_ids=pos.to(self.device),
             past_key_values=cache,
             use_cache=True,
+            logits_to_keep=1,  # the prompt's other positions are never read
         )
-        return owners, out.logits[:, -1, :].float().cpu()
+        return owners, out.logits
 
-    def _step(self, streams: list[list[Any]], owners: SlotOwners, cache: Any) -> torch.Tensor:
-        """Feed every active stream's pending token; returns logits ``(B, Q, V)``."""
-        width = max(len(s) for s in streams)
+    def _step(self, rows: list[_Row], owners: SlotOwners, cache: Any) -> None:
+        """Feed what every row needs, then give every consuming stream its next token."""
+        feeds: list[list[tuple[int, int, int]]] = []  # per row: (token, position, owner)
+        consumers: list[list[_Consumer]] = []
+        merges: list[int] = []
+        for k, row in enumerate(rows):
+            row_feeds, row_cons, merged = self._plan_row(k, row, owners)
+            feeds.append(row_feeds)
+            consumers.append(row_cons)
+            if merged:
+                merges.append(k)
+        width = max(len(f) for f in feeds)
         # Plain lists first, one tensor each: element-wise tensor writes cost microseconds apiece.
-        ids = [[self.pad_id] * width for _ in streams]
-        pos = [[0] * width for _ in streams]
-        own_rows = [[PAD] * width for _ in streams]
-        for r, row in enumerate(streams):
-            for q, st in enumerate(row):
-                ids[r][q] = st.pending
-                pos[r][q] = st.cursor - 1
-                own_rows[r][q] = st.index if isinstance(st, Branch) else SHARED
-        own = torch.tensor(own_rows, dtype=torch.long)
-        mask = owners.append(own, self.dtype)
+        ids = [[self.pad_id] * width for _ in feeds]
+        pos = [[0] * width for _ in feeds]
+        own_rows = [[PAD] * width for _ in feeds]
+        for k, row_feeds in enumerate(feeds):
+            for q, (tok, p, o) in enumerate(row_feeds):
+                ids[k][q], pos[k][q], own_rows[k][q] = tok, p, o
+        mask = owners.append(torch.tensor(own_rows, dtype=torch.long), self.dtype)
         out = self.model(
             input_ids=torch.tensor(ids, dtype=torch.long, device=self.device),
-            attention_mask=mask.to(self.device),
+            attention_mask=mask,
             position_ids=torch.tensor(pos, dtype=torch.long, device=self.device),
             past_key_values=cache,
             use_cache=True,
         )
-        return out.logits.float().cpu()
+        if self.merge_mode == "shared_kv":
+            for k in merges:
+                owners.merge_branches(k)
+        flat = [c for row_cons in consumers for c in row_cons]
+        self._choose(rows, flat, out.logits)
+
+    def _plan_row(
+        self, k: int, row: _Row, owners: SlotOwners
+    ) -> tuple[list[tuple[int, int, int]], list[_Consumer], bool]:
+        """The tokens row ``k`` feeds this step, the streams that consume their logits, whether it merges."""
+        feeds: list[tuple[int, int, int]] = []
+        cons: list[_Consumer] = []
+        merged = False
+        new, row.todo = row.todo, []
+        forks = [e for e in new if e.is_fork]
+        if forks:
+            main = row.streams[MAIN]
+            assert main.pending is not None, "a fork starts from the trigger the main stream just wrote"
+            feeds.append((main.pending, main.position, SHARED))
+            main.pending = None
+            row.fork_context = forks[0].context_length
+            for ext in forks:
+                st = _Stream()
+                self._begin(st, ext)
+                row.streams[ext.stream] = st
+                cons.append(_Consumer(k, 0, st))
+        for ext in new:
+            if ext.is_fork:
+                continue
+            if ext.is_merge:
+                cons.append(self._plan_merge(k, row, ext, feeds, owners))
+                merged = True
+                continue
+            st = row.streams[ext.stream]
+            self._begin(st, ext)
+        for key, st in row.streams.items():
+            if st.ext is None or any(c.stream is st for c in cons):
+                continue
+            assert st.pending is not None, f"stream {key} has a request but nothing to feed"
+            cons.append(_Consumer(k, len(feeds), st))
+            feeds.append((st.pending, st.position, SHARED if key == MAIN else key))
+            st.pending = None
+        if not feeds:
+            raise RuntimeError("a live sequence has nothing to decode (controller and backend disagree)")
+        return feeds, cons, merged
+
+    def _plan_merge(
+        self, k: int, row: _Row, ext: Extension, feeds: list[tuple[int, int, int]], owners: SlotOwners
+    ) -> _Consumer:
+        """Feed what the merge needs and return the main stream as the consumer of the right logits."""
+        assert ext.merge is not None
+        branches = {j: row.streams.pop(j) for j in ext.merge}
+        if self.merge_mode == "shared_kv":
+            # each branch's last token (its </step>) enters the cache under the branch's own owner
+            source = 0
+            for j in ext.merge:
+                st = branches[j]
+                assert st.pending is not None
+                if j == ext.after:
+                    source = len(feeds)
+                feeds.append((st.pending, st.position, j))
+        else:
+            # the branches are read again as one sequential text, their own slots hidden
+            owners.hide_branches(k)
+            text = row.ctl.context_ids(ext)[row.fork_context : ext.context_length]
+            for i, tok in enumerate(text):
+                feeds.append((tok, row.fork_context + i, SHARED))
+            source = len(feeds) - 1
+        main = row.streams[MAIN]
+        main.history = []
+        self._begin(main, ext)
+        return _Consumer(k, source, main)
+
+    @staticmethod
+    def _begin(st: _Stream, ext: Extension) -> None:
+        st.ext = ext
+        st.forced = list(ext.forced)
+        st.n_sampled = 0
+        st.ids = []
+        st.lps = []
 
     # ------------------------------------------------------------------ choosing tokens
-    def _advance(self, rows: list[_Sequence], streams: list[list[Any]], logits: torch.Tensor) -> None:
-        """Give every stream that was just fed its next token (forced or sampled)."""
-        logp = torch.log_softmax(logits, dim=-1)
-        to_sample: list[tuple[_Sequence, Any, int, int]] = []
-        for r, (seq, row) in enumerate(zip(rows, streams, strict=True)):
-            for q, st in enumerate(row):
-                if seq.finish_reason is not None:
-                    break
-                if isinstance(st, Branch):
-                    if self._branch_forced(seq, st, logp, r, q):
-                        continue
-                elif self._main_forced(seq, logp, r, q):
-                    continue
-                to_sample.append((seq, st, r, q))
-        if not to_sample:
-            return
-        # One gather for all sampled streams instead of one indexing op per stream (~5% of a batch-256 loop).
-        r_idx = torch.tensor([r for _, _, r, _ in to_sample])
-        q_idx = torch.tensor([q for _, _, _, q in to_sample])
-        rows_logits = logits[r_idx, q_idx]
-        in_step = [isinstance(st, Branch) for _, st, _, _ in to_sample]
-        penalty = self.cfg.step_repetition_penalty
-        rows_logits = apply_repetition_penalty(
-            rows_logits,
-            [st.token_ids if b else [] for (_, st, _, _), b in zip(to_sample, in_step, strict=True)],
-            [penalty if b else 1.0 for b in in_step],
-        )
-        # A step cannot end the turn: inside a branch end-of-turn is not a candidate (it ends at </step>).
-        banned = torch.zeros_like(rows_logits, dtype=torch.bool)
-        branch_rows = [k for k, b in enumerate(in_step) if b]
-        if branch_rows:
-            banned[torch.tensor(branch_rows)[:, None], torch.tensor(self.stop_ids)[None, :]] = True
-        chosen_t = choose_tokens(
-            rows_logits, self.cfg.temperature, self.cfg.top_k, self.cfg.top_p, self.generator, banned
-        )
-        chosen = chosen_t.tolist()
-        chosen_lp = logp[r_idx, q_idx, chosen_t].tolist()
-        for (seq, st, _, _), tok, lp in zip(to_sample, chosen, chosen_lp, strict=True):
-            if seq.finish_reason is not None:
-                continue
-            if isinstance(st, Branch):
-                self._charge_and_append(seq, st, tok, lp, forced=False)
-            elif tok in self.stop_ids:
-                seq.finish_reason, seq.stop_token_id, seq.stop_logprob = "stop", tok, lp
-            else:
-                self._charge_and_append(seq, seq, tok, lp, forced=False)
-
-    def _main_forced(self, seq: _Sequence, logp: torch.Tensor, r: int, q: int) -> bool:
-        """Handle the main stream's non-sampled cases; True if its next token is settled.
-
-        ``logp[r, q]`` is this stream's next-token distribution (indexed only when a token is forced).
-        """
-        tags = self.tags
-        if (
-            self.cfg.mode == "parallel"
-            and tags is not None
-            and seq.pending == tags.guideline_close
-            and seq.token_ids  # the </guideline> is a response token, not part of the prompt
-            and self._try_fork(seq, logp[r, q])
-        ):
-            return True
-        if seq.forced_queue:
-            tok = seq.forced_queue.pop(0)
-            self._charge_and_append(seq, seq, tok, float(logp[r, q, tok]), forced=True)
-            return True
-        return False
-
-    def _branch_forced(self, seq: _Sequence, br: Branch, logp: torch.Tensor, r: int, q: int) -> bool:
-        tags = self.tags
-        assert tags is not None
-        if br.pending == tags.step_close:
-            br.done = True
-            br.pending = None
-            br.after_close = {"takeaway": float(logp[r, q, tags.takeaway_open])}
-            return True
-        if br.forced_queue:
-            tok = br.forced_queue.pop(0)
-        elif self.cfg.max_step_tokens is not None and len(br.token_ids) >= self.cfg.max_step_tokens - 1:
-            tok = tags.step_close
-        else:
-            return False
-        self._charge_and_append(seq, br, tok, float(logp[r, q, tok]), forced=True)
-        return True
-
-    def _charge_and_append(self, seq: _Sequence, stream: Any, tok: int, lp: float, forced: bool) -> None:
-        if not seq.ledger.charge(1):
-            self._finish(seq, seq.ledger.exhausted_reason)
-            return
-        if stream is seq:
-            seq.append(tok, lp, forced, self.tags)
-        else:
-            stream.append(tok, lp, forced)
-
-    # ------------------------------------------------------------------ fork / merge
-    def _try_fork(self, seq: _Sequence, lp: torch.Tensor) -> bool:
-        tags = self.tags
-        assert tags is not None
-        block_ids = seq.token_ids[seq.guideline_at :] if seq.guideline_at is not None else []
-        decision = plan_fork(
-            block_ids, self.tokenizer, tags, seq.ledger, self.cfg.max_branches, self.cfg.min_step_tokens
-        )
-        seq.guideline_at = None
-        if isinstance(decision, str):
-            seq.refusals.append(decision)
-            return False
-        g = seq.cursor - 1  # position of the </guideline> just fed
-        branches = [
-            Branch(index=j, label=lab, forced_queue=list(seed[1:]), cursor=g + 1)
-            for j, (lab, seed) in enumerate(zip(decision.labels, decision.seeds, strict=True))
-        ]
-        seq.ledger.charge(len(branches))  # the <step> openers; admitted by plan_fork
-        opener_lp = float(lp[tags.step_open])
-        for br in branches:
-            # Every branch opens from the </guideline> state: the canonical prediction rule
-            # (components.parallel.prediction_sources), the same one SFT and RL score with.
-            br.append(tags.step_open, opener_lp, forced=True)
-        seq.block = OpenBlock(guideline_pos=g, start=len(seq.token_ids), plan=decision, branches=branches)
-        return True
-
-    def _flatten_block(self, seq: _Sequence, merged: bool) -> None:
-        block = seq.block
-        assert block is not None
-        for br in block.branches:
-            seq.token_ids += br.token_ids
-            seq.logprobs += br.logprobs
-            seq.position_ids += br.position_ids
-            seq.forced += br.forced
-        seq.blocks.append(
-            BlockRecord(
-                start=block.start,
-                depth=1,
-                labels=list(block.plan.labels),
-                branch_tokens=[len(b.token_ids) for b in block.branches],
-                merged=merged,
+    def _choose(self, rows: list[_Row], consumers: list[_Consumer], logits: torch.Tensor) -> None:
+        """Forced or sampled next token for every consumer; only ``(2, n)`` numbers leave the device."""
+        r_idx = torch.tensor([c.row for c in consumers], device=logits.device)
+        q_idx = torch.tensor([c.feed for c in consumers], device=logits.device)
+        step_logits = logits[r_idx, q_idx].float()  # (n, V)
+        logp = torch.log_softmax(step_logits, dim=-1)
+        forced_tok = [c.stream.forced[0] if c.stream.forced else -1 for c in consumers]
+        sample_rows = [i for i, t in enumerate(forced_tok) if t < 0]
+        tokens = torch.tensor([max(t, 0) for t in forced_tok], dtype=torch.long, device=logits.device)
+        if sample_rows:
+            sel = torch.tensor(sample_rows, device=logits.device)
+            exts = [consumers[i].stream.ext for i in sample_rows]
+            penalties = [e.repetition_penalty for e in exts]
+            rows_logits = step_logits[sel]
+            if any(p != 1.0 for p in penalties):
+                rows_logits = apply_repetition_penalty(
+                    rows_logits, [consumers[i].stream.history for i in sample_rows], penalties
+                )
+            banned = None
+            ban_rows = [(m, e.banned_ids) for m, e in enumerate(exts) if e.banned_ids]
+            if ban_rows:
+                banned = torch.zeros_like(rows_logits, dtype=torch.bool)
+                for m, ids in ban_rows:
+                    banned[m, list(ids)] = True
+            chosen = choose_tokens(
+                rows_logits, self.cfg.temperature, self.cfg.top_k, self.cfg.top_p, self.generator, banned
             )
-        )
-        seq.block = None
+            tokens[sel] = chosen
+        lps = logp.gather(-1, tokens[:, None]).squeeze(-1)
+        # token ids are below 2**24, so float32 carries them exactly: one transfer for both
+        host = torch.stack([tokens.to(lps.dtype), lps]).tolist()
+        for i, c in enumerate(consumers):
+            self._append(rows[c.row], c.stream, int(host[0][i]), host[1][i], forced_tok[i] >= 0)
 
-    def _merge(self, seq: _Sequence, owners: SlotOwners, row: int) -> None:
-        """All branches ended: flatten them in plan order, share their KV, continue with <takeaway>."""
-        tags = self.tags
-        assert tags is not None and seq.block is not None
-        block = seq.block
-        takeaway_pos = block.takeaway_position()
-        takeaway_lp = block.branches[-1].after_close["takeaway"]
-        self._flatten_block(seq, merged=True)
-        owners.merge_branches(row)
-        seq.cursor = takeaway_pos
-        self._charge_and_append(seq, seq, tags.takeaway_open, takeaway_lp, forced=True)
+    def _append(self, row: _Row, st: _Stream, tok: int, lp: float, was_forced: bool) -> None:
+        ext = st.ext
+        assert ext is not None
+        if was_forced:
+            st.forced.pop(0)
+        else:
+            st.n_sampled += 1
+        st.ids.append(tok)
+        st.lps.append(lp)
+        st.history.append(tok)
+        st.pending = tok
+        st.position = self._token_position(st, ext)
+        stopped = not was_forced and tok in ext.stop_ids
+        if not st.forced and (stopped or st.n_sampled == ext.max_sampled):
+            st.ext = None
+            result = ExtensionResult(st.ids, st.lps, "stop" if stopped else "length")
+            row.todo += row.ctl.advance(ext, result)
 
-    def _finish(self, seq: _Sequence, reason: str) -> None:
-        if seq.block is not None:
-            self._flatten_block(seq, merged=False)
-        seq.finish_reason = reason
-
-    # ------------------------------------------------------------------ result
-    def _result(self, seq: _Sequence, wall: float) -> Generation:
-        if seq.block is not None:  # cannot happen after a clean finish; kept so nothing is ever dropped
-            self._flatten_block(seq, merged=False)
-        return Generation(
-            prompt_ids=seq.prompt_ids,
-            token_ids=seq.token_ids,
-            text=self.tokenizer.decode(seq.token_ids, skip_special_tokens=False),
-            logprobs=seq.logprobs,
-            position_ids=seq.position_ids,
-            forced=seq.forced,
-            finish_reason=seq.finish_reason or "length",
-            stop_token_id=seq.stop_token_id,
-            stop_logprob=seq.stop_logprob,
-            blocks=seq.blocks,
-            fork_refusals=seq.refusals,
-            wall_time_s=wall,
-            backend="torch",
-        )
+    def _token_position(self, st: _Stream, ext: Extension) -> int:
+        """Position of the stream's latest token: the request's first position + its index in the request."""
+        first = ext.position if self.merge_mode == "shared_kv" else ext.context_length
+        return first + len(st.ids) - 1

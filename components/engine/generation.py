@@ -42,6 +42,13 @@ class Generation:
     temperature, top-p/top-k and repetition penalty. ``position_ids`` are the positions the engine used.
     ``forced[i]`` marks tokens the engine injected (``<step>`` + label at a fork, ``<takeaway>`` at a merge,
     a ``</step>`` closing a branch at ``max_step_tokens``, a forced response prefix).
+
+    ``merge_mode`` says how the backend continued after a merged block: ``shared_kv`` (the torch engine:
+    the branches' own KV, seen through the parallel mask at the canonical positions: exact) or
+    ``reprefill`` (a server without a parallel mask: the branches re-read as one sequential text, so every
+    token after the first merge was sampled from a slightly different context than the trainer's;
+    ``post_merge_mask`` marks them, and a trainer corrects them with a truncated importance weight).
+    ``position_ids`` are always the canonical (trainer's) positions.
     """
 
     prompt_ids: list[int]
@@ -57,6 +64,7 @@ class Generation:
     fork_refusals: list[str] = field(default_factory=list)
     wall_time_s: float = 0.0
     backend: str = "torch"
+    merge_mode: str = "shared_kv"
 
     @property
     def parallel_taken(self) -> bool:
@@ -73,6 +81,18 @@ class Generation:
         return self.total_tokens - sum(b.saved_tokens for b in self.blocks)
 
     @property
+    def post_merge_mask(self) -> list[bool]:
+        """True for the tokens from the first merged block of two or more branches on (its ``<takeaway>``
+        and after): the tokens a ``reprefill`` backend sampled from re-read branches (exact in
+        ``shared_kv`` mode). A one-branch block re-reads exactly (same visibility and positions), so it
+        does not count; the trainer's rule is the same (``components.training.papo.post_merge_mask``)."""
+        first = next((b for b in self.blocks if b.merged and b.n_branches >= 2), None)
+        if first is None:
+            return [False] * len(self.token_ids)
+        end = first.start + sum(first.branch_tokens)
+        return [i >= end for i in range(len(self.token_ids))]
+
+    @property
     def branches_per_block(self) -> list[int]:
         return [b.n_branches for b in self.blocks]
 
@@ -85,4 +105,5 @@ class Generation:
             "fork_refusals": list(self.fork_refusals),
             "total_tokens": self.total_tokens,
             "critical_path_tokens": self.critical_path_tokens,
+            "merge_mode": self.merge_mode,
         }

@@ -1,62 +1,91 @@
-"""Fork and merge of native parallel blocks: when to branch, how each branch starts, how blocks merge.
+"""Fork admission: when a block may branch, how each branch starts (its seed tokens), canonical positions.
 
-At ``</guideline>`` the main stream's plans are read; a fork is admitted only if the block is a legal
-place to branch (a ``<guideline>`` opened it in the main stream, not inside a step), it has between 1 and
-``max_branches`` plans, and the ledger can pay a minimal step per branch plus the ``<takeaway>``.
-Otherwise the fork is refused with a recorded reason and decoding simply continues in the main stream.
+The rule comes from the schema (``components.structure.ForkRule``): the main stream emitting the rule's
+trigger (NPR: ``</guideline>``) asks for a fork. A fork is admitted only if the block is a legal place to
+branch (for plan-labelled schemas: a goal tag opened it in the main stream, only plan tags lie inside it,
+it has between 1 and ``max_branches`` uniquely labelled plans) and the ledger can pay a minimal step per
+branch plus the merge. Otherwise it is refused with a recorded reason and the main stream simply goes on.
 
-Canonical positions (docs/architecture.md; npr-reference.md §1.8): with G the position of ``</guideline>``
-every branch starts at G + 1; the ``<takeaway>`` that merges the block sits at G + longest + 1, where
+Each admitted branch is seeded with ``branch_open`` + ``"<label>:"`` (NPR: ``<step>1:``), which the engine
+forces. Canonical positions (docs/architecture.md; npr-reference.md §1.8): with G the position of the
+trigger every branch starts at G + 1; the first token after the branches sits at G + longest + 1, where
 longest is the token count of the longest branch (``<step>`` through ``</step>``).
+
+This module and ``ledger`` are pure decisions (no model, no I/O): ``components.engine.controller`` calls
+them for every backend.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from components.engine.ledger import TokenLedger
-from components.structure import Role, TagIds, parse_label
+from components.structure import Role, TagIds, get_schema, parse_label
 
 
 @dataclass(frozen=True)
-class EngineTags:
-    """The single-token ids of the structural tags the engine acts on."""
+class ForkTags:
+    """The single-token ids a schema's fork rule acts on, looked up once from the tokenizer's ``TagIds``.
 
-    guideline_open: int
-    guideline_close: int
-    plan_open: int
-    plan_close: int
-    step_open: int
-    step_close: int
-    takeaway_open: int
-    takeaway_close: int
+    ``goal_open`` / ``plan_open`` / ``plan_close`` are set for plan-labelled schemas (one branch per plan);
+    ``fixed_branches`` for schemas whose blocks have a fixed number of unlabelled branches.
+    ``illegal_in_goal``: tags that may not appear between the goal's opening tag and the trigger.
+    """
+
+    schema_name: str
+    trigger: int
+    branch_open: int
+    branch_close: int
+    merge: tuple[int, ...]
+    goal_open: int | None = None
+    plan_open: str | None = None
+    plan_close: str | None = None
+    fixed_branches: int | None = None
+    illegal_in_goal: frozenset[int] = frozenset()
 
     @classmethod
-    def from_tag_ids(cls, tags: TagIds | EngineTags) -> EngineTags:
-        """Adapt ``components.structure.TagIds``; the engine forks schemas shaped like NPR's (a goal of plans
-        closed by an anchor tag, steps, a summary), which have no separate block tag."""
-        if isinstance(tags, EngineTags):
+    def from_tag_ids(cls, tags: TagIds | ForkTags) -> ForkTags:
+        """The fork tags of ``tags.schema``; ValueError if the schema has no fork rule (sequential only)."""
+        if isinstance(tags, ForkTags):
             return tags
-        if tags.schema.block is not None or tags.schema.goal is None:
+        schema = tags.schema
+        rule = schema.fork
+        if rule is None:
             raise ValueError(
-                f"the engine forks NPR-shaped schemas (guideline/plan/step/takeaway); {tags.schema.name!r} "
-                "wraps blocks in a separate tag and is not supported in parallel mode"
+                f"schema {schema.name!r} has no fork rule (components.structure.schemas.ForkRule), so it "
+                "cannot be decoded in parallel mode; decode it sequentially"
             )
+        labelled = rule.branches is None
+        goal_open = tags.id_for(Role.GOAL_OPEN) if labelled else None
+        plan_roles = {Role.PLAN_OPEN, Role.PLAN_CLOSE}
+        trigger = tags.id_for(rule.trigger)
+        illegal = frozenset(int(i) for i, role in tags.role_of_id.items() if role not in plan_roles)
         return cls(
-            guideline_open=tags.id_for(Role.GOAL_OPEN),
-            guideline_close=tags.id_for(Role.GOAL_CLOSE),
-            plan_open=tags.id_for(Role.PLAN_OPEN),
-            plan_close=tags.id_for(Role.PLAN_CLOSE),
-            step_open=tags.id_for(Role.STEP_OPEN),
-            step_close=tags.id_for(Role.STEP_CLOSE),
-            takeaway_open=tags.id_for(Role.SUMMARY_OPEN),
-            takeaway_close=tags.id_for(Role.SUMMARY_CLOSE),
+            schema_name=schema.name,
+            trigger=trigger,
+            branch_open=tags.id_for(rule.branch_open),
+            branch_close=tags.id_for(rule.branch_close),
+            merge=tuple(tags.id_for(r) for r in rule.merge),
+            goal_open=goal_open,
+            plan_open=schema.tag(Role.PLAN_OPEN) if labelled else None,
+            plan_close=schema.tag(Role.PLAN_CLOSE) if labelled else None,
+            fixed_branches=rule.branches,
+            illegal_in_goal=illegal - {trigger},
         )
 
     @classmethod
-    def from_tokenizer(cls, tokenizer: Any, schema: str = "npr") -> EngineTags:
-        return cls.from_tag_ids(TagIds.from_tokenizer(tokenizer, schema))
+    def from_tokenizer(cls, tokenizer: Any, schema: str = "npr") -> ForkTags:
+        return cls.from_tag_ids(TagIds.from_tokenizer(tokenizer, get_schema(schema)))
+
+    @property
+    def merge_cost(self) -> int:
+        """Tokens a merge needs: its forced tags, or one sampled token when the main stream writes it."""
+        return max(1, len(self.merge))
+
+
+# The NPR-named engine tags of earlier versions are the fork tags of the schema.
+EngineTags = ForkTags
 
 
 def plan_labels(block_text: str, plan_open: str, plan_close: str) -> list[str]:
@@ -70,7 +99,7 @@ def plan_labels(block_text: str, plan_open: str, plan_close: str) -> list[str]:
 
 @dataclass
 class ForkPlan:
-    """An admitted fork: one seed (``<step>`` + label tokens) per branch."""
+    """An admitted fork: one seed (``branch_open`` + label tokens) per branch."""
 
     labels: list[str]
     seeds: list[list[int]]
@@ -79,97 +108,46 @@ class ForkPlan:
 def plan_fork(
     block_ids: list[int],
     tokenizer: Any,
-    tags: EngineTags,
+    tags: ForkTags | TagIds,
     ledger: TokenLedger,
     max_branches: int,
     min_step_tokens: int,
 ) -> ForkPlan | str:
-    """Decide a fork at a ``</guideline>`` of the main stream.
+    """Decide a fork at a trigger tag of the main stream.
 
     Args:
-        block_ids: main-stream response tokens from the block's ``<guideline>`` through ``</guideline>``
-            (empty if the stream has no open ``<guideline>``).
+        block_ids: main-stream response tokens from the block's goal tag through the trigger (plan-labelled
+            schemas; empty if the stream has no open goal), or just the trigger (fixed-branch schemas).
+        tokenizer: decodes the block (plan labels) and encodes each branch's ``"<label>:"``.
 
     Returns:
         a ForkPlan, or the reason the fork is refused (decoding then continues sequentially).
     """
-    if not block_ids or block_ids[0] != tags.guideline_open:
-        return "no <guideline> opens this block"
-    inner = block_ids[1:-1]
-    for tag in (
-        tags.guideline_open,
-        tags.step_open,
-        tags.step_close,
-        tags.takeaway_open,
-        tags.takeaway_close,
-    ):
-        if tag in inner:
+    tags = ForkTags.from_tag_ids(tags)
+    if tags.fixed_branches is not None:
+        if tags.fixed_branches > max_branches:
+            return f"{tags.fixed_branches} branches > max_branches {max_branches}"
+        labels = [""] * tags.fixed_branches
+        seeds = [[tags.branch_open] for _ in labels]
+    else:
+        if not block_ids or block_ids[0] != tags.goal_open:
+            return "no <guideline> opens this block"
+        inner = block_ids[1:-1]
+        if any(t in tags.illegal_in_goal for t in inner):
             return "illegal tag inside the guideline"
-    text = tokenizer.decode(block_ids, skip_special_tokens=False)
-    labels = plan_labels(
-        text,
-        tokenizer.convert_ids_to_tokens(tags.plan_open),
-        tokenizer.convert_ids_to_tokens(tags.plan_close),
-    )
-    if not labels:
-        return "no plans"
-    if len(labels) > max_branches:
-        return f"{len(labels)} plans > max_branches {max_branches}"
-    if any(not lab for lab in labels):
-        return "a plan has no label"
-    if len(set(labels)) != len(labels):
-        return "duplicate plan labels"
-    seeds = [[tags.step_open, *tokenizer.encode(f"{lab}:", add_special_tokens=False)] for lab in labels]
-    refusal = ledger.refuse_fork([len(s) for s in seeds], min_step_tokens)
+        assert tags.plan_open is not None and tags.plan_close is not None
+        text = tokenizer.decode(block_ids, skip_special_tokens=False)
+        labels = plan_labels(text, tags.plan_open, tags.plan_close)
+        if not labels:
+            return "no plans"
+        if len(labels) > max_branches:
+            return f"{len(labels)} plans > max_branches {max_branches}"
+        if any(not lab for lab in labels):
+            return "a plan has no label"
+        if len(set(labels)) != len(labels):
+            return "duplicate plan labels"
+        seeds = [[tags.branch_open, *tokenizer.encode(f"{lab}:", add_special_tokens=False)] for lab in labels]
+    refusal = ledger.refuse_fork([len(s) for s in seeds], min_step_tokens, tags.merge_cost)
     if refusal:
         return refusal
     return ForkPlan(labels=labels, seeds=seeds)
-
-
-@dataclass
-class Branch:
-    """One branch of an open block, decoded concurrently with its siblings.
-
-    ``logprobs[0]`` (its ``<step>``) is known only when the flat predecessor has been fed: for branch 0
-    that is ``</guideline>``, for branch j the ``</step>`` of branch j-1 (``after_close``).
-    """
-
-    index: int
-    label: str
-    forced_queue: list[int]
-    cursor: int
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    position_ids: list[int] = field(default_factory=list)
-    forced: list[bool] = field(default_factory=list)
-    pending: int | None = None
-    done: bool = False
-    # log p(<step>) and log p(<takeaway>) after this branch's </step>: the first token of the next branch
-    # (or the takeaway) in the flat layout is predicted from here.
-    after_close: dict[str, float] = field(default_factory=dict)
-
-    def append(self, token: int, logprob: float, forced: bool) -> None:
-        self.token_ids.append(token)
-        self.logprobs.append(logprob)
-        self.position_ids.append(self.cursor)
-        self.forced.append(forced)
-        self.pending = token
-        self.cursor += 1
-
-
-@dataclass
-class OpenBlock:
-    """The block being decoded in parallel for one sequence."""
-
-    guideline_pos: int
-    start: int
-    plan: ForkPlan
-    branches: list[Branch]
-
-    @property
-    def all_done(self) -> bool:
-        return all(b.done for b in self.branches)
-
-    def takeaway_position(self) -> int:
-        """G + longest + 1 (npr-reference.md §1.8)."""
-        return self.guideline_pos + max(len(b.token_ids) for b in self.branches) + 1

@@ -38,7 +38,7 @@ def apply_repetition_penalty(
     for row, (seen, p) in enumerate(zip(history, penalties, strict=True)):
         if p == 1.0 or not seen:
             continue
-        idx = torch.tensor(sorted(set(seen)), dtype=torch.long)
+        idx = torch.tensor(sorted(set(seen)), dtype=torch.long, device=logits.device)
         vals = out[row, idx]
         out[row, idx] = torch.where(vals > 0, vals / p, vals * p)
     return out

@@ -58,7 +58,14 @@ def evaluate_checkpoint(
     if needs_problems_dir(specs):
         problems_dir = stage_io("evaluate").input("sample_orz/problems")
     name = checkpoint_name(checkpoint)
-    spec = CheckpointSpec(name, checkpoint, mode, cfg.evaluate.prompt_style_for(name))  # type: ignore[arg-type]
+    spec = CheckpointSpec(
+        name,
+        checkpoint,
+        mode,  # type: ignore[arg-type]
+        cfg.prompt_style_of(name),
+        schema=cfg.schema_of(name),
+        engine_settings=cfg.engine_settings_of(name),
+    )
     result = evaluate_checkpoints(cfg, [spec], specs, problems_dir)
     out_dir = Path(out_dir)
     out = EvalOutputs(

@@ -51,17 +51,17 @@ class SpeedupConfig(StrictModel):
     batch_size: int | None = Field(None, ge=1)
 
 
-class RecipeConfig(StrictModel):
-    """The report's recipe table (``components.evaluation.recipe``): on which benchmark, how sure."""
-
-    benchmark: str | None = None  # None: no recipe table
-    confidence: float = Field(0.95, gt=0, lt=1)
-    resamples: int = Field(2000, ge=100)
-    seed: int = 0
-
-
 # The pipeline stages that write a model (artifacts/<stage>/model), in the order the report lists them.
-MODEL_STAGES = ("seed", "npr_zero", "parallel_warmup", "papo_rl", "sequential_warmup", "sr_rl")
+MODEL_STAGES = (
+    "seed",
+    "npr_zero",
+    "parallel_warmup",
+    "papo_rl",
+    "sequential_warmup",
+    "sr_rl",
+    "pr1_coldstart",
+    "pr1_rl",
+)
 
 
 class EvaluateConfig(StrictModel):
@@ -75,14 +75,18 @@ class EvaluateConfig(StrictModel):
     generation: GenerationConfig = GenerationConfig(top_p=0.7)
     # Instruction a checkpoint is prompted with (the paper prompts its models with the NPR format), and
     # per-checkpoint exceptions for checkpoints trained on the other instruction.
-    prompt_style: Literal["parallel", "sequential"] = "parallel"
-    prompt_style_overrides: dict[str, Literal["parallel", "sequential"]] = {}
+    prompt_style: Literal["parallel", "sequential", "parallel_r1"] = "parallel"
+    prompt_style_overrides: dict[str, Literal["parallel", "sequential", "parallel_r1"]] = {}
     # Speedup = tokens/s of the same checkpoint's same prompts decoded in parallel vs sequential mode
     # (``speedup``); the sequential decodes are graded and kept too (records with mode "sequential").
     measure_speedup: bool = True
     speedup: SpeedupConfig = SpeedupConfig()
-    recipe: RecipeConfig = RecipeConfig()
     records_shards: int = Field(1, ge=1)
+    # The benchmark the report's recipe table (components/evaluation/recipe.py: checkpoints in the paper's
+    # order, claims with paired bootstrap intervals) is computed on; None = the first of `benchmarks`.
+    recipe_benchmark: str | None = None
+    recipe_confidence: float = Field(0.95, gt=0, lt=1)
+    recipe_resamples: int = Field(2000, ge=100)
 
     @model_validator(mode="after")
     def _consistent(self) -> EvaluateConfig:
@@ -98,18 +102,23 @@ class EvaluateConfig(StrictModel):
         if dupes:
             raise ValueError(f"benchmark names must be unique; repeated: {dupes}")
         smoke = {b.name for b in self.benchmarks if b.smoke}
-        for what, name in (("speedup", self.speedup.benchmark), ("recipe", self.recipe.benchmark)):
+        named = (("speedup.benchmark", self.speedup.benchmark), ("recipe_benchmark", self.recipe_benchmark))
+        for what, name in named:
             if name is not None and (name not in names or name in smoke):
-                raise ValueError(
-                    f"evaluate.{what}.benchmark {name!r} is not a (non-smoke) benchmark in {names}"
-                )
+                raise ValueError(f"evaluate.{what} {name!r} is not a (non-smoke) benchmark in {names}")
         return self
+
+    def recipe_benchmark_name(self) -> str | None:
+        """The benchmark of the recipe table: ``recipe_benchmark``, else the first non-smoke one (None
+        without one)."""
+        main = [b.name for b in self.benchmarks if not b.smoke]
+        return self.recipe_benchmark or (main[0] if main else None)
 
     def mode_for(self, checkpoint: str) -> Literal["parallel", "sequential"]:
         """How a checkpoint decodes: parallel for ``parallel_checkpoints``, sequential otherwise."""
         return "parallel" if checkpoint in self.parallel_checkpoints else "sequential"
 
-    def prompt_style_for(self, checkpoint: str) -> Literal["parallel", "sequential"]:
+    def prompt_style_for(self, checkpoint: str) -> str:
         return self.prompt_style_overrides.get(checkpoint, self.prompt_style)
 
 

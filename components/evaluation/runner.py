@@ -7,6 +7,13 @@ token ids (``components.structure.trace_metrics``), and time the decode. Benchma
 engine batch are decoded in one call (``decode_groups``). For a parallel checkpoint the speedup decode
 (``measure_speedup``) decodes the same prompts in both modes at the configured batch size. Smoke benchmarks
 (``BenchmarkSpec.smoke``) are measured and reported but kept out of every average and of the speedup.
+
+With ``evaluate.generation.backend: sglang`` (the GPU profile) every checkpoint is decoded by a fresh SGLang
+server for that checkpoint (``components.ops.sglang_server.serving``, stopped afterwards), parallel ones
+through the SGLang backend's fork/merge, so tokens/s and the speedup are the served engine's; before any
+server starts, every prompt of every checkpoint is checked to fit the server's context length with
+``max_new_tokens``. Given a ``work_dir`` (the stage's), each finished checkpoint is kept there and a
+rerun after a failure (a server error, a crash) evaluates only the checkpoints not finished yet.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import logging
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -21,7 +29,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Literal
 
-from components.artifacts import write_shards
+from components.artifacts import read_jsonl, write_jsonl, write_shards
 from components.evaluation.config import BenchmarkSpec, EvaluateConfig
 from components.evaluation.metrics import (
     achieved_speedup,
@@ -34,18 +42,36 @@ log = logging.getLogger(__name__)
 
 Mode = Literal["parallel", "sequential"]
 # GenerationConfig fields that do not change what is sampled (or, for the backend, are recorded as engine
-# version instead), so they are left out of the settings a baseline pins.
-DEPLOYMENT_SETTINGS = ("mode", "batch_size", "backend", "server_url", "request_timeout_s")
+# version instead), so they are left out of the settings a baseline pins. merge_mode is pinned: a
+# re-prefilled merge samples from another context than the exact one.
+DEPLOYMENT_SETTINGS = (
+    "mode",
+    "batch_size",
+    "backend",
+    "server",
+    "server_spec",
+    "server_args",
+    "server_url",
+    "request_timeout_s",
+    "server_start_timeout_s",
+)
 
 
 @dataclass(frozen=True)
 class CheckpointSpec:
-    """A checkpoint to evaluate: its name in reports, its model directory, and how it is decoded."""
+    """A checkpoint to evaluate: its name in reports, its model directory, and how it is decoded.
+
+    ``schema``: the structure schema its traces are judged and decoded by (None = the pipeline's
+    ``schema_name``; Parallel-R1's checkpoints: ``parallel_r1``); ``engine_settings``: extra
+    ``GenerationConfig`` fields of its decoding (Parallel-R1's paths per block), recorded in the metrics.
+    """
 
     name: str
     path: Path
     mode: Mode
-    prompt_style: Mode = "parallel"
+    prompt_style: str = "parallel"
+    schema: str | None = None
+    engine_settings: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -58,9 +84,16 @@ class EvalResult:
     sequential_records: dict[str, dict[str, list[dict[str, Any]]]] = field(default_factory=dict)
 
 
-def generation_config(ecfg: EvaluateConfig, mode: Mode) -> Any:
-    """The engine's GenerationConfig from the evaluate section's sampling settings and a mode."""
-    return ecfg.generation.model_copy(update={"mode": mode})
+def generation_config(
+    ecfg: EvaluateConfig, mode: Mode, engine_settings: Mapping[str, Any] | None = None
+) -> Any:
+    """The engine's GenerationConfig from the evaluate section's sampling settings, a mode and a
+    checkpoint's extra engine settings (validated as GenerationConfig fields)."""
+    if not engine_settings:
+        return ecfg.generation.model_copy(update={"mode": mode})
+    from components.engine import GenerationConfig
+
+    return GenerationConfig.model_validate({**ecfg.generation.model_dump(), **engine_settings, "mode": mode})
 
 
 def sampling_settings(ecfg: EvaluateConfig) -> dict[str, Any]:
@@ -176,9 +209,14 @@ def evaluate_benchmarks(
     cfg: Any,
     checkpoint: str,
     mode: Mode,
-    prompt_style: Mode,
+    prompt_style: str,
+    progress: Any = None,
+    *,
+    schema: str | None = None,
+    engine_settings: Mapping[str, Any] | None = None,
 ) -> dict[str, tuple[list[dict[str, Any]], float]]:
-    """Decode and grade ``spec.n_samples`` samples of every problem of every benchmark.
+    """Decode and grade ``spec.n_samples`` samples of every problem of every benchmark (``progress``, a
+    ``components.progress.Task``, advances by one per decode group).
 
     Returns ``{benchmark: (records, decode wall seconds)}``. Benchmarks decoded in one call
     (``decode_groups``) share its wall time in proportion to the tokens each generated, so each reports the
@@ -197,7 +235,14 @@ def evaluate_benchmarks(
             ]
             prompts[spec.name] = [pp for pp in rendered for _ in range(spec.n_samples)]
         flat = [pp for spec in group for pp in prompts[spec.name]]
-        generations, wall = _decode(model, tokenizer, tags, flat, generation_config(ecfg, mode))
+        names = ", ".join(spec.name for spec in group)
+        if progress is not None:
+            progress.update(f"evaluate {checkpoint} ({mode}): decoding {len(flat)} on {names}")
+        generations, wall = _decode(
+            model, tokenizer, tags, flat, generation_config(ecfg, mode, engine_settings)
+        )
+        if progress is not None:
+            progress.update(f"evaluate {checkpoint} ({mode}): grading {len(flat)} on {names}")
         if len(generations) != len(flat):
             raise RuntimeError(f"engine returned {len(generations)} generations for {len(flat)} prompts")
         total_tokens = max(1, sum(g.total_tokens for g in generations))
@@ -207,9 +252,11 @@ def evaluate_benchmarks(
             offset += len(gens)
             share = sum(g.total_tokens for g in gens) / total_tokens if len(group) > 1 else 1.0
             records = _records(
-                gens, prompts[spec.name], problems[spec.name], spec, cfg, checkpoint, mode, tags
+                gens, prompts[spec.name], problems[spec.name], spec, cfg, checkpoint, mode, tags, schema
             )
             out[spec.name] = (records, wall * share)
+        if progress is not None:
+            progress.advance(1)
     return out
 
 
@@ -222,12 +269,21 @@ def _records(
     checkpoint: str,
     mode: Mode,
     tags: Any,
+    schema: str | None = None,
 ) -> list[dict[str, Any]]:
     """Grade one benchmark's generations into per-sample records."""
     from components.grading.judge import judge_many
 
+    schema = schema or cfg.schema_name
     golds = [list(p["answers"]) for p in problems for _ in range(spec.n_samples)]
-    judgements = judge_many([g.text for g in generations], golds, cfg.schema_name, cfg.grading)
+    judgements = judge_many(
+        [g.text for g in generations],
+        golds,
+        schema,
+        cfg.grading,
+        purpose="evaluation",
+        finish_reasons=[g.finish_reason for g in generations],
+    )
     records = []
     for i, (gen, judgement) in enumerate(zip(generations, judgements, strict=True)):
         problem = problems[i // spec.n_samples]
@@ -250,7 +306,7 @@ def _records(
             "n_tokens": gen.total_tokens,
             "parallel_taken": gen.parallel_taken,
             "finish_reason": gen.finish_reason,
-            **_structure(gen, tags, cfg.schema_name),
+            **_structure(gen, tags, schema),
         }
         records.append(rec)
     return records
@@ -311,14 +367,18 @@ def measure_speedup(
     tags: Any,
     problems: Sequence[Mapping[str, Any]],
     cfg: Any,
-    prompt_style: Mode,
+    prompt_style: str,
+    progress: Any = None,
+    *,
+    schema: str | None = None,
+    engine_settings: Mapping[str, Any] | None = None,
 ) -> tuple[dict[str, Any], list[Any], list[Any]]:
     """Decode the same prompts in parallel and in sequential mode, batch by batch, and compare tokens/s.
 
     The modes alternate which goes first in each batch, so a machine whose speed drifts (a shared one) biases
     neither. ``achieved_speedup`` = parallel tokens/s / sequential tokens/s; ``ideal_speedup`` = total /
     critical-path tokens of the parallel traces (Amdahl); ``efficiency`` = achieved / ideal. Returns the
-    summary and both modes' generations (in prompt order).
+    summary and both modes' generations (in prompt order); ``progress`` advances by one per batch.
     """
     from components.prompts import render_prompt
 
@@ -333,12 +393,14 @@ def measure_speedup(
         chunk = prompts[start : start + batch]
         order: tuple[Mode, Mode] = ("parallel", "sequential") if i % 2 == 0 else ("sequential", "parallel")
         for mode in order:
-            gen_cfg = generation_config(ecfg, mode).model_copy(update={"batch_size": batch})
+            gen_cfg = generation_config(ecfg, mode, engine_settings).model_copy(update={"batch_size": batch})
             decoded, wall = _decode(model, tokenizer, tags, chunk, gen_cfg)
             walls[mode] += wall
             gens[mode] += decoded
+        if progress is not None:
+            progress.advance(1)
     tokens = {m: sum(g.total_tokens for g in gens[m]) for m in gens}
-    crit = [_structure(g, tags, cfg.schema_name)["critical_path_tokens"] for g in gens["parallel"]]
+    crit = [_structure(g, tags, schema or cfg.schema_name)["critical_path_tokens"] for g in gens["parallel"]]
     par_tps = tokens_per_second(tokens["parallel"], walls["parallel"])
     seq_tps = tokens_per_second(tokens["sequential"], walls["sequential"])
     ideal = ideal_speedup([g.total_tokens for g in gens["parallel"]], crit) if sum(crit) else 1.0
@@ -361,14 +423,89 @@ def measure_speedup(
     return summary, gens["parallel"], gens["sequential"]
 
 
+def _with_generation(cfg: Any, gen_cfg: Any) -> Any:
+    """``cfg`` with ``evaluate.generation`` replaced (a served checkpoint's URL)."""
+    return cfg.model_copy(update={"evaluate": cfg.evaluate.model_copy(update={"generation": gen_cfg})})
+
+
+def check_served_context(
+    cfg: Any,
+    checkpoints: Sequence[CheckpointSpec],
+    benchmarks: Sequence[BenchmarkSpec],
+    problems: Mapping[str, Sequence[Mapping[str, Any]]],
+) -> int:
+    """Before any work: the longest prompt of every checkpoint + ``max_new_tokens`` must fit the server's
+    context length; returns the longest prompt's tokens."""
+    from components.models.loading import load_tokenizer
+    from components.ops.sglang_server import check_context_length, context_length_for
+    from components.prompts import render_prompt
+
+    gen = cfg.evaluate.generation
+    longest = 0
+    for ckpt in checkpoints:
+        tok = load_tokenizer(ckpt.path)
+        for spec in benchmarks:
+            for p in problems[spec.name]:
+                text = render_prompt(tok, p["problem"], cfg.prompts, ckpt.prompt_style)
+                longest = max(longest, len(tok.encode(text, add_special_tokens=False)))
+    check_context_length(context_length_for(gen), longest, gen.max_new_tokens, "evaluate")
+    return longest
+
+
+def _finished_dir(work_dir: Path | None, ckpt: CheckpointSpec) -> Path | None:
+    return None if work_dir is None else Path(work_dir) / "checkpoints" / ckpt.name
+
+
+def _load_finished(
+    work_dir: Path | None, ckpt: CheckpointSpec, digest: str
+) -> tuple[dict, dict, dict] | None:
+    """A checkpoint's metrics and records kept by an earlier, interrupted run (same checkpoint bytes)."""
+    d = _finished_dir(work_dir, ckpt)
+    if d is None or not (d / "metrics.json").is_file():
+        return None
+    import json
+
+    metrics = json.loads((d / "metrics.json").read_text())
+    if metrics.get("checkpoint_hash") != digest or metrics.get("mode") != ckpt.mode:
+        return None
+    records: dict[str, list[dict[str, Any]]] = {}
+    sequential: dict[str, list[dict[str, Any]]] = {}
+    for rec in read_jsonl(d / "records.jsonl"):
+        records.setdefault(rec["benchmark"], []).append(rec)
+    if (d / "sequential.jsonl").is_file():
+        for rec in read_jsonl(d / "sequential.jsonl"):
+            sequential.setdefault(rec["benchmark"], []).append(rec)
+    return metrics, records, sequential
+
+
+def _keep_finished(
+    work_dir: Path | None, ckpt: CheckpointSpec, metrics: dict, records: dict, sequential: dict
+) -> None:
+    d = _finished_dir(work_dir, ckpt)
+    if d is None:
+        return
+    import json
+
+    d.mkdir(parents=True, exist_ok=True)
+    write_jsonl(d / "records.jsonl", [r for recs in records.values() for r in recs])
+    write_jsonl(d / "sequential.jsonl", [r for recs in sequential.values() for r in recs])
+    tmp = d / "metrics.json.tmp"
+    tmp.write_text(json.dumps(metrics))
+    tmp.replace(d / "metrics.json")  # written last: its presence marks the checkpoint finished
+
+
 def evaluate_checkpoints(
     cfg: Any,
     checkpoints: Sequence[CheckpointSpec],
     benchmarks: Sequence[BenchmarkSpec],
     problems_dir: Path | None,
+    work_dir: Path | None = None,
 ) -> EvalResult:
-    """Evaluate every checkpoint on every benchmark; the one code path behind every evaluation number."""
-    from components.models.loading import load_model
+    """Evaluate every checkpoint on every benchmark; the one code path behind every evaluation number.
+
+    ``work_dir``: where finished checkpoints are kept so a rerun resumes (and a launched SGLang server
+    writes its log); None keeps nothing.
+    """
     from components.prompts import prompt_fingerprint
 
     ecfg: EvaluateConfig = cfg.evaluate
@@ -388,76 +525,144 @@ def evaluate_checkpoints(
             "checkpoints": {},
         }
     )
-    main_specs = [spec for spec in benchmarks if not spec.smoke] or list(benchmarks)
-    for ckpt in checkpoints:
-        model, tokenizer = load_model(ckpt.path, cfg.models, cfg.run)
-        tags = _tags_for(tokenizer, cfg.schema_name, ckpt.mode)
-        benches: dict[str, dict[str, Any]] = {}
-        result.records[ckpt.name] = {}
-        args = (model, tokenizer, tags, problems, benchmarks, cfg, ckpt.name)
-        decoded = evaluate_benchmarks(*args, ckpt.mode, ckpt.prompt_style)
-        for spec in benchmarks:
-            records, wall = decoded[spec.name]
-            metrics = summarize_records(records, spec.k, wall)
-            benches[spec.name] = metrics
-            result.records[ckpt.name][spec.name] = records
-            log.info(
-                "%s on %s (%s): accuracy %.3f, %.0f tokens/s",
-                ckpt.name,
-                spec.name,
-                ckpt.mode,
-                metrics["accuracy"],
-                metrics["tokens_per_s"],
-            )
-        speedup = None
-        if ckpt.mode == "parallel" and ecfg.measure_speedup:
-            speedup = _speedup_for(model, tokenizer, tags, problems, benchmarks, cfg, ckpt, result)
-        main = {spec.name: benches[spec.name] for spec in main_specs}
-        result.metrics["checkpoints"][ckpt.name] = {
-            "mode": ckpt.mode,
-            "prompt_style": ckpt.prompt_style,
-            "path": str(ckpt.path),
-            "checkpoint_hash": checkpoint_hash(ckpt.path),
-            "benchmarks": benches,
-            "smoke_benchmarks": [spec.name for spec in benchmarks if spec.smoke],
-            # Smoke samples are reported, never averaged.
-            "average_accuracy": sum(m["accuracy"] for m in main.values()) / len(main),
-            "throughput": _throughput(main, speedup),
-            **({"speedup": speedup} if speedup else {}),
-        }
-        del model
-        gc.collect()
-    result.metrics["n_records"] = sum(len(r) for b in result.records.values() for r in b.values())
-    if ecfg.recipe.benchmark is not None:
-        from components.evaluation.recipe import recipe_summary
+    served = ecfg.generation.backend == "sglang"
+    if served:
+        check_served_context(cfg, checkpoints, benchmarks, problems)
+    from components.progress import track
 
-        rc = ecfg.recipe
-        result.metrics["recipe"] = recipe_summary(
-            result.metrics, result.records, rc.benchmark, rc.confidence, rc.resamples, rc.seed
-        )
+    groups = len(decode_groups(benchmarks, {s.name: len(problems[s.name]) for s in benchmarks},
+                               ecfg.generation.batch_size))  # fmt: skip
+    # a parallel checkpoint's speedup decode: one progress unit per batch (both modes)
+    n_speedup = len(speedup_problems(problems, benchmarks, ecfg))
+    speedup_batches = -(-n_speedup // (ecfg.speedup.batch_size or ecfg.generation.batch_size))
+    units = {
+        c.name: groups + (speedup_batches if c.mode == "parallel" and ecfg.measure_speedup else 0)
+        for c in checkpoints
+    }
+    with track("evaluate", total=sum(units.values()), unit="decode batches") as progress:
+        for ckpt in checkpoints:
+            _evaluate_one(
+                cfg, ckpt, benchmarks, problems, result, progress, work_dir, served, units[ckpt.name]
+            )
+    result.metrics["n_records"] = sum(len(r) for b in result.records.values() for r in b.values())
     return result
 
 
-def _speedup_for(
-    model: Any,
-    tokenizer: Any,
-    tags: Any,
-    problems: Mapping[str, Sequence[Mapping[str, Any]]],
-    benchmarks: Sequence[BenchmarkSpec],
+def _evaluate_one(
     cfg: Any,
     ckpt: CheckpointSpec,
+    benchmarks: Sequence[BenchmarkSpec],
+    problems: Mapping[str, Sequence[Mapping[str, Any]]],
     result: EvalResult,
-) -> dict[str, Any]:
-    """The speedup decode of a parallel checkpoint; its sequential generations are graded and kept as
-    ``sequential_records`` (benchmark ``speedup``) so a reader can see what the comparison decoded."""
-    chosen = speedup_problems(problems, benchmarks, cfg.evaluate)
-    summary, _, seq_gens = measure_speedup(model, tokenizer, tags, chosen, cfg, ckpt.prompt_style)
+    progress: Any,
+    work_dir: Path | None,
+    served: bool,
+    units: int,
+) -> None:
+    """One checkpoint on every benchmark (and, parallel, its speedup decode) into ``result``; a checkpoint
+    finished by an earlier run is read back from ``work_dir`` instead (its ``units`` decode batches are then
+    counted done at once)."""
+    from components.models.loading import load_model, load_tokenizer
+
+    ecfg: EvaluateConfig = cfg.evaluate
+    digest = checkpoint_hash(ckpt.path)
+    kept = _load_finished(work_dir, ckpt, digest)
+    if kept is not None:
+        log.info("%s: kept from an earlier run (%s)", ckpt.name, digest)
+        result.metrics["checkpoints"][ckpt.name], result.records[ckpt.name], seq_kept = kept
+        if seq_kept:
+            result.sequential_records[ckpt.name] = seq_kept
+        progress.advance(units)
+        return
+    if served:
+        from components.ops.sglang_server import serving
+
+        model, tokenizer = None, load_tokenizer(ckpt.path)
+        log_dir = (
+            Path(work_dir) / "server-logs" if work_dir is not None else Path(tempfile.mkdtemp("-sglang"))
+        )
+        with serving(ckpt.path, ecfg.generation, log_dir) as live:
+            decoded, speedup = _decode_checkpoint(
+                _with_generation(cfg, live), ckpt, model, tokenizer, problems, benchmarks, result, progress
+            )
+    else:
+        model, tokenizer = load_model(ckpt.path, cfg.models, cfg.run)
+        decoded, speedup = _decode_checkpoint(
+            cfg, ckpt, model, tokenizer, problems, benchmarks, result, progress
+        )
+    benches: dict[str, dict[str, Any]] = {}
+    result.records[ckpt.name] = {}
+    main_names = [spec.name for spec in benchmarks if not spec.smoke] or [spec.name for spec in benchmarks]
+    for spec in benchmarks:
+        records, wall = decoded[spec.name]
+        metrics = summarize_records(records, spec.k, wall)
+        benches[spec.name] = metrics
+        result.records[ckpt.name][spec.name] = records
+        log.info(
+            "%s on %s (%s): accuracy %.3f, %.0f tokens/s",
+            ckpt.name,
+            spec.name,
+            ckpt.mode,
+            metrics["accuracy"],
+            metrics["tokens_per_s"],
+        )
+    main = {name: benches[name] for name in main_names}
+    result.metrics["checkpoints"][ckpt.name] = {
+        "mode": ckpt.mode,
+        "prompt_style": ckpt.prompt_style,
+        **({"schema": ckpt.schema} if ckpt.schema and ckpt.schema != cfg.schema_name else {}),
+        **({"engine_settings": dict(ckpt.engine_settings)} if ckpt.engine_settings else {}),
+        "path": str(ckpt.path),
+        "checkpoint_hash": digest,
+        "benchmarks": benches,
+        "smoke_benchmarks": [spec.name for spec in benchmarks if spec.smoke],
+        # Smoke samples are reported, never averaged.
+        "average_accuracy": sum(m["accuracy"] for m in main.values()) / len(main),
+        "throughput": _throughput(main, speedup),
+        **({"speedup": speedup} if speedup else {}),
+    }
+    _keep_finished(
+        work_dir,
+        ckpt,
+        result.metrics["checkpoints"][ckpt.name],
+        result.records[ckpt.name],
+        result.sequential_records.get(ckpt.name, {}),
+    )
+    del model
+    gc.collect()
+
+
+def _decode_checkpoint(
+    cfg: Any,
+    ckpt: CheckpointSpec,
+    model: Any,
+    tokenizer: Any,
+    problems: Mapping[str, Sequence[Mapping[str, Any]]],
+    benchmarks: Sequence[BenchmarkSpec],
+    result: EvalResult,
+    progress: Any = None,
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """One checkpoint's decodes: in its own mode on every benchmark, and (parallel, ``measure_speedup``) the
+    speedup decode, whose graded sequential samples go to ``result.sequential_records`` (benchmark
+    ``speedup``) so a reader can see what the comparison decoded."""
+    schema = ckpt.schema or cfg.schema_name
+    tags = _tags_for(tokenizer, schema, ckpt.mode)
+    args = (model, tokenizer, tags, problems, benchmarks, cfg, ckpt.name)
+    how = {"schema": schema, "engine_settings": ckpt.engine_settings}
+    decoded = evaluate_benchmarks(*args, ckpt.mode, ckpt.prompt_style, progress, **how)
+    if not (ckpt.mode == "parallel" and cfg.evaluate.measure_speedup):
+        return decoded, None
     from components.prompts import render_prompt
 
+    chosen = speedup_problems(problems, benchmarks, cfg.evaluate)
+    if progress is not None:
+        progress.update(f"evaluate {ckpt.name}: speedup decode of {len(chosen)} problems")
+    summary, _, seq_gens = measure_speedup(
+        model, tokenizer, tags, chosen, cfg, ckpt.prompt_style, progress, **how
+    )
     prompts = [render_prompt(tokenizer, p["problem"], cfg.prompts, ckpt.prompt_style) for p in chosen]
     spec = BenchmarkSpec(name="speedup", n_samples=1, k=1)
-    labelled = [dict(p, answers=list(p["answers"])) for p in chosen]
-    seq_records = _records(seq_gens, prompts, labelled, spec, cfg, ckpt.name, "sequential", tags)
+    seq_records = _records(seq_gens, prompts, chosen, spec, cfg, ckpt.name, "sequential", tags, schema)
     result.sequential_records.setdefault(ckpt.name, {})["speedup"] = seq_records
     summary["sequential_accuracy"] = sum(r["correct"] for r in seq_records) / len(seq_records)
     log.info(
@@ -469,7 +674,7 @@ def _speedup_for(
         summary["ideal_speedup"],
         summary["efficiency"],
     )
-    return summary
+    return decoded, summary
 
 
 def write_records(result: EvalResult, records_dir: Path, n_shards: int) -> int:

@@ -1,9 +1,10 @@
 """What ``npr grade`` and ``npr check-format`` do (components/cli.py calls these by name).
 
-``--pred`` may be a bare answer (``\\frac{1}{2}``) or a whole response. The answer is read from it the
-same way for both: the last ``\\boxed{}`` or an ``Answer:`` line when there is one; otherwise a single-line
-text is taken as the answer itself (so ``\\frac{1}{2}`` is not cut to its last number), and only a
-multi-line text falls back to its last number (when ``last_number`` is among ``cfg.fallbacks``).
+``--pred`` may be a bare answer (``\\frac{1}{2}``) or a whole response. The answer is read from it with the
+``cli`` extraction settings (``grading.extraction.cli``): a box, Minerva's sentence or an answer line when
+there is one; otherwise a single-line text is taken as the answer itself (so ``\\frac{1}{2}`` is not cut to
+its last number), and only a multi-line text falls back to its last number (when ``last_number`` is among
+the ``cli`` fallbacks). A JSONL record may carry a ``finish_reason``; a truncated response has no answer.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ import json
 from pathlib import Path
 from typing import Any, TextIO
 
-from components.grading.answers import extract_answer
-from components.grading.config import GradingConfig
+from components.grading.answers import extract_final
+from components.grading.config import ExtractionConfig, GradingConfig
 from components.grading.equivalence import grade_many_verdicts
 from components.grading.normalize import gold_candidates
 from components.structure.parse import parse_text
@@ -21,16 +22,24 @@ from components.structure.schemas import get_schema
 from components.structure.score import is_valid, score_trace
 
 
-def answer_of(pred: str, cfg: GradingConfig) -> str | None:
+def answer_of(pred: str, cfg: GradingConfig, finish_reason: str | None = None) -> str | None:
     """The answer in ``pred`` (a bare answer or a full response); see the module docstring."""
-    labelled = extract_answer(pred, [f for f in cfg.fallbacks if f == "answer_line"])
-    if labelled is not None:
-        return labelled
+    settings = cfg.extraction.cli
+    labelled = extract_final(
+        pred,
+        ExtractionConfig(
+            fallbacks=[f for f in settings.fallbacks if f == "answer_line"],
+            require_complete=settings.require_complete,
+        ),
+        finish_reason,
+    )
+    if labelled.answer is not None or labelled.truncated:
+        return labelled.answer
     text = pred.strip()
     if text and "\n" not in text:
         return text
-    if "last_number" in cfg.fallbacks:
-        return extract_answer(pred, ["last_number"])
+    if "last_number" in settings.fallbacks:
+        return extract_final(pred, ExtractionConfig(fallbacks=["last_number"], require_complete=False)).answer
     return None
 
 
@@ -50,15 +59,28 @@ def grade_jsonl(path: Path | str, out: TextIO, cfg: GradingConfig | None = None)
     Each record is written in input order with ``equal`` added (and ``grade_reason`` when a pair could not
     be graded: timeout or worker crash; it is then False). A line that is not a JSON object, lacks a field,
     or has an unusable gold is written with an ``error`` field instead and grading carries on. Blank lines
-    are skipped. Returns counts: ``lines`` (non-blank), ``graded``, ``equal``, ``errors``, ``grade_failures``.
+    are skipped; a line that is not UTF-8 is an error row too. Returns counts: ``lines`` (non-blank),
+    ``graded``, ``equal``, ``errors``, ``grade_failures``.
     """
     cfg = cfg or GradingConfig()
     rows: list[dict[str, Any]] = []
     pairs: list[tuple[str | None, Any]] = []
     where: list[int] = []  # rows[i] of the i-th gradeable pair
-    with open(path, encoding="utf-8") as handle:
-        for line_no, raw in enumerate(handle, start=1):
-            raw = raw.rstrip("\n")
+    with open(path, "rb") as handle:  # lines decoded one by one: a bad byte fails its line, not the batch
+        for line_no, raw_bytes in enumerate(handle, start=1):
+            raw_bytes = raw_bytes.rstrip(b"\r\n")
+            try:
+                raw = raw_bytes.decode("utf-8")
+            except UnicodeDecodeError as err:
+                text = raw_bytes.decode("utf-8", errors="backslashreplace")
+                rows.append(
+                    _line_error(
+                        line_no,
+                        text,
+                        f"not UTF-8: byte 0x{raw_bytes[err.start]:02x} at column {err.start + 1}",
+                    )
+                )
+                continue
             if not raw.strip():
                 continue
             try:
@@ -84,7 +106,13 @@ def grade_jsonl(path: Path | str, out: TextIO, cfg: GradingConfig | None = None)
                 continue
             where.append(len(rows))
             rows.append(record)
-            pairs.append((None if pred is None else answer_of(pred, cfg), record["gold"]))
+            reason = record.get("finish_reason")
+            pairs.append(
+                (
+                    None if pred is None else answer_of(pred, cfg, None if reason is None else str(reason)),
+                    record["gold"],
+                )
+            )
 
     verdicts = grade_many_verdicts(pairs, cfg)
     for row_index, verdict in zip(where, verdicts, strict=True):

@@ -2,11 +2,51 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from components.settings import StrictModel
+
+Fallback = Literal["answer_line", "last_number"]
+Purpose = Literal["reward", "evaluation", "distill", "cli"]
+PURPOSES: tuple[str, ...] = ("reward", "evaluation", "distill", "cli")
+
+
+class ExtractionConfig(StrictModel):
+    """How the final answer is read from a response for one purpose (see ``answers.extract_final``).
+
+    A complete ``\\boxed{}`` (or ``\\fbox``/``\\framebox``; consecutive boxes joined into one answer) and
+    the sentence "The final answer is X" (Minerva's, "I hope it is correct." optional) are always read, the
+    later of the two winning, as math-verify ranks them. ``fallbacks`` are tried in order only when neither is present:
+    ``answer_line`` (the last ``Final Answer:`` / ``Answer:`` label or "the answer is ..."),
+    ``last_number`` (the last number anywhere: a guess, never an explicit answer; opt in per profile).
+    ``require_complete``: a truncated response (finish reason other than ``stop``, or a box opened after the
+    last complete one) has no answer at all, so it can never earn credit.
+    """
+
+    fallbacks: list[Fallback] = []
+    require_complete: bool = True
+
+
+class ExtractionByPurpose(StrictModel):
+    """``grading.extraction``: one ``ExtractionConfig`` per use of the grader.
+
+    ``reward``: RL rewards (npr_zero, papo_rl, sr_rl, verl's reward function); ``evaluation``: the evaluate
+    stage, ``npr eval``, the nightly gate and the held-out evaluations inside training stages; ``distill``:
+    the correctness of distilled trajectories (what reject_filter keeps); ``cli``: ``npr grade``.
+    """
+
+    reward: ExtractionConfig = ExtractionConfig()
+    evaluation: ExtractionConfig = ExtractionConfig(fallbacks=["answer_line"])
+    distill: ExtractionConfig = ExtractionConfig()
+    cli: ExtractionConfig = ExtractionConfig(fallbacks=["answer_line"])
+
+    def for_purpose(self, purpose: str) -> ExtractionConfig:
+        """The settings of ``purpose``; ValueError naming the known purposes otherwise."""
+        if purpose not in PURPOSES:
+            raise ValueError(f"unknown grading purpose {purpose!r}; known: {', '.join(PURPOSES)}")
+        return getattr(self, purpose)
 
 
 class Stage1Reward(StrictModel):
@@ -37,8 +77,46 @@ class Stage3Reward(StrictModel):
     filter_on: Literal["structural", "any_violation"] = "structural"
 
 
+class AccuracyReward(StrictModel):
+    """Parallel-R1's ``accuracy``: +correct / wrong by the answer alone (empty or truncated = wrong)."""
+
+    correct: float = 1.0
+    wrong: float = -1.0
+
+
+class AlternatingParallelReward(StrictModel):
+    """Parallel-R1's ``accuracy_parallel_interv`` (npr-reference.md §3.5): accuracy on most steps, and on the
+    last ``parallel_steps`` of every ``period`` training steps a correct, well-formed parallel answer earns
+    ``correct_parallel``, a correct sequential one (no tag of the schema at all) ``correct``, anything else
+    ``wrong``. Steps count from 1 (verl's ``global_steps``): with the paper's 10 / 2, steps 1-8 are accuracy
+    only and 9-10 reward parallel thinking.
+    """
+
+    correct: float = 1.0
+    wrong: float = -1.0
+    correct_parallel: float = 1.2
+    period: int = Field(10, ge=1)
+    parallel_steps: int = Field(2, ge=0)
+
+    @model_validator(mode="after")
+    def _steps_within_period(self) -> AlternatingParallelReward:
+        if self.parallel_steps > self.period:
+            raise ValueError(f"parallel_steps={self.parallel_steps} exceeds period={self.period}")
+        return self
+
+    def rewards_parallel(self, step: int) -> bool:
+        """Whether 1-based training step ``step`` is one of the steps that reward parallel answers."""
+        if step < 1:
+            raise ValueError(f"training steps count from 1, got {step}")
+        return (step - 1) % self.period >= self.period - self.parallel_steps
+
+
+# The sections of GradingConfig that hold a reward's values, by reward name (components.grading.rewards).
+REWARD_SECTIONS: tuple[str, ...] = ("stage1", "stage3", "accuracy", "accuracy_parallel_interv")
+
+
 class GradingConfig(StrictModel):
-    """Answer extraction, equivalence (fast path, then math-verify in a process pool) and reward values.
+    """Answer extraction per purpose, equivalence (fast path, then math-verify in a process pool), rewards.
 
     ``timeout_s`` bounds math-verify on one (gold, pred) pair; ``workers`` is the pool size; pairs go to the
     pool in chunks of ``chunk_size``; ``pool_start_timeout_s`` is the grace for spawning a worker (a fresh
@@ -46,7 +124,7 @@ class GradingConfig(StrictModel):
     non-integers (two integers compare exactly).
     """
 
-    fallbacks: list[Literal["answer_line", "last_number"]] = ["answer_line", "last_number"]
+    extraction: ExtractionByPurpose = ExtractionByPurpose()
     timeout_s: float = Field(5.0, gt=0)
     workers: int = Field(2, ge=1)
     chunk_size: int = Field(32, ge=1)
@@ -54,3 +132,17 @@ class GradingConfig(StrictModel):
     float_rel_tol: float = Field(1e-6, ge=0)
     stage1: Stage1Reward = Stage1Reward()
     stage3: Stage3Reward = Stage3Reward()
+    accuracy: AccuracyReward = AccuracyReward()
+    accuracy_parallel_interv: AlternatingParallelReward = AlternatingParallelReward()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_keys(cls, data: Any) -> Any:
+        # `grading.fallbacks` (one list for every use) became `grading.extraction.<purpose>.fallbacks`; say so
+        # instead of the generic "extra inputs are not permitted".
+        if isinstance(data, dict) and "fallbacks" in data:
+            raise ValueError(
+                "grading.fallbacks was replaced by grading.extraction.<purpose>.fallbacks "
+                f"(purposes: {', '.join(PURPOSES)}); last_number is opt-in per purpose"
+            )
+        return data

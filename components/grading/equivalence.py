@@ -5,11 +5,17 @@ Order of decision for one (pred, gold candidate):
 1. no prediction -> False (``no_answer``);
 2. normalised strings equal -> True (``exact``, see ``normalize.normalize_answer``);
 3. both plain numbers -> compared exactly or within ``cfg.float_rel_tol`` (``numeric``), decisive either
-   way: math-verify reads plain numbers the same way, so it could not disagree;
-4. one side a plain number, the other an expression in free variables or a tuple / list / interval (a
+   way: math-verify reads plain numbers the same way, so it could not disagree. A number written with a
+   percent sign also reads as its value over 100 (``10\\%`` = 10 = 0.1); one written with a decimal comma
+   (``1000,99``, ``0,111``: not a group of three digits) reads as the decimal;
+4. both lists of plain numbers (``list``): an ordered tuple or interval when the gold is one group in
+   parentheses or brackets (``(6,31,-1)``, ``(3,4]``: same order and brackets), else an "all solutions"
+   answer compared as a set (``1,-2`` = ``-2, 1``; a bare list and ``\\{...\\}`` are sets);
+5. one side a plain number, the other an expression in free variables or a tuple / list / interval (a
    comma) -> False (``number_vs_expression``);
-5. otherwise math-verify ``verify(parse(gold), parse(pred))`` in the process pool (``math_verify``), with a
-   per-pair deadline; a pair that times out or whose worker dies is False with the reason.
+6. otherwise math-verify ``verify(parse(gold), parse(pred))`` in the process pool (``math_verify``) on the
+   cleaned texts (``normalize.clean_answer``), with a per-pair deadline; a pair that times out or whose
+   worker dies is False with the reason.
 
 A list gold (Minerva, OlympiadBench) is any-of over its candidates. ``grade_many`` is the batch form RL and
 evaluation use: it decides what it can on the fast path, deduplicates the rest, and sends only that to the
@@ -18,18 +24,28 @@ pool in chunks. math-verify verdicts are cached in this process (timeouts and cr
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 from components.grading.config import GradingConfig
 from components.grading.normalize import (
+    clean_answer,
     gold_candidates,
     has_free_symbols,
     normalize_answer,
     numbers_equal,
     read_number,
+    reduce_relation,
+    split_equals,
+    strip_delimiters,
+    top_level_split,
 )
+
+_DECIMAL_COMMA = re.compile(r"^-?\d+,\d+$")
+_GROUP_OF_THREE = re.compile(r"^-?[1-9]\d{0,2},\d{3}$")
 
 # Bounded memo of math-verify verdicts keyed by (gold, pred) text; cleared when full (simple and enough:
 # within one RL step or eval run the same pairs repeat, across runs they rarely do).
@@ -41,13 +57,97 @@ _VERDICT_CACHE_MAX = 1 << 17
 class Verdict:
     """The grade of one (pred, gold): ``equal``, the deciding ``method``, and ``reason`` when not graded.
 
-    ``method`` is ``no_answer``, ``exact``, ``numeric``, ``number_vs_expression``, ``math_verify`` or
+    ``method`` is ``no_answer``, ``exact``, ``numeric``, ``list``, ``number_vs_expression``, ``math_verify`` or
     ``failed`` (timeout / worker crash / parser error; ``reason`` says which).
     """
 
     equal: bool
     method: str
     reason: str | None = None
+
+
+def _readings(raw: str, normalized: str) -> tuple[Fraction, ...]:
+    """The values a plain-number answer can mean (a percent also over 100)."""
+    value = read_number(normalized)
+    if value is None:
+        return ()
+    return (value, value / 100) if "%" in clean_answer(raw) else (value,)
+
+
+def _decimal_comma(raw: str, normalized: str, other: tuple[Fraction, ...]) -> tuple[Fraction, ...]:
+    """``1000,99`` read as 1000.99, only against a number with a fractional part: next to anything else the
+    comma separates a list (``69,84`` is two answers), and a group of three digits is a thousands mark."""
+    if not other or all(v.denominator == 1 for v in other):
+        return ()
+    if not _DECIMAL_COMMA.match(normalized) or _GROUP_OF_THREE.match(normalized):
+        return ()
+    return _readings(raw, normalized.replace(",", "."))
+
+
+def _element_values(normalized: str) -> list[Fraction] | None:
+    """A list answer's elements as numbers (labels like ``x=1`` dropped), or None unless all are numbers."""
+    parts = top_level_split(normalized, ",")
+    if len(parts) < 2:
+        return None
+    values = [read_number(reduce_relation(part)) for part in parts]
+    return None if any(v is None for v in values) else values  # type: ignore[return-value]
+
+
+def _brackets(normalized: str) -> tuple[str, str, str] | None:
+    """(open, close, inside) when one () / [] group spans the whole answer."""
+    if len(normalized) < 2 or normalized[0] not in "([" or normalized[-1] not in ")]":
+        return None
+    depth = 0
+    for i, ch in enumerate(normalized):
+        depth += ch in "(["
+        depth -= ch in ")]"
+        if depth == 0 and i < len(normalized) - 1:
+            return None
+    return normalized[0], normalized[-1], normalized[1:-1]
+
+
+def _set_inside(normalized: str) -> str:
+    return normalized[2:-2] if normalized.startswith("\\{") and normalized.endswith("\\}") else normalized
+
+
+def list_verdict(pred_norm: str, gold_norm: str, rel_tol: float) -> Verdict | None:
+    """Both answers lists of plain numbers -> ordered (gold is a tuple/interval) or set comparison."""
+    gold_group = _brackets(gold_norm)
+    pred_group = _brackets(pred_norm)
+    if gold_group is not None:
+        gold_values = _element_values(gold_group[2])
+        if pred_group is not None:
+            if pred_group[:2] != gold_group[:2]:
+                return None  # `(1,2)` vs `[1,2]`: tuple, list or interval? math-verify decides
+            pred_values = _element_values(pred_group[2])
+        else:
+            pred_values = _element_values(_set_inside(pred_norm))
+        if gold_values is None or pred_values is None:
+            return None
+        same = len(gold_values) == len(pred_values) and all(
+            numbers_equal(p, g, rel_tol) for p, g in zip(pred_values, gold_values, strict=True)
+        )
+        return Verdict(same, "list")
+    gold_values = _element_values(_set_inside(gold_norm))
+    pred_values = _element_values(_set_inside(pred_group[2] if pred_group is not None else pred_norm))
+    if gold_values is None or pred_values is None:
+        return None
+    covered = all(any(numbers_equal(p, g, rel_tol) for g in gold_values) for p in pred_values) and all(
+        any(numbers_equal(p, g, rel_tol) for p in pred_values) for g in gold_values
+    )
+    return Verdict(covered, "list")
+
+
+def verify_form(gold: str, pred: str) -> tuple[str, str]:
+    """The (gold, pred) texts math-verify is given: cleaned, and a labelled relation (``I_{\\max} = ...``)
+    reduced to its value when the other side states a bare value (math-verify only knows simple labels)."""
+    g, p = strip_delimiters(clean_answer(gold)), strip_delimiters(clean_answer(pred))
+    g_rel, p_rel = len(split_equals(g)) > 1, len(split_equals(p)) > 1
+    if g_rel and not p_rel:
+        g = reduce_relation(g)
+    elif p_rel and not g_rel:
+        p = reduce_relation(p)
+    return g, p
 
 
 def fast_verdict(pred: str, gold: str, rel_tol: float) -> Verdict | None:
@@ -58,16 +158,20 @@ def fast_verdict(pred: str, gold: str, rel_tol: float) -> Verdict | None:
     gold_norm = normalize_answer(gold)
     if pred_norm == gold_norm:
         return Verdict(True, "exact")
-    pred_value = read_number(pred_norm)
-    gold_value = read_number(gold_norm)
-    if pred_value is not None and gold_value is not None:
-        return Verdict(numbers_equal(pred_value, gold_value, rel_tol), "numeric")
+    pred_values = _readings(pred, pred_norm)
+    gold_values = _readings(gold, gold_norm)
+    pred_values = pred_values or _decimal_comma(pred, pred_norm, gold_values)
+    gold_values = gold_values or _decimal_comma(gold, gold_norm, pred_values)
+    if pred_values and gold_values:
+        equal = any(numbers_equal(p, g, rel_tol) for p in pred_values for g in gold_values)
+        return Verdict(equal, "numeric")
+    listed = list_verdict(pred_norm, gold_norm, rel_tol)
+    if listed is not None:
+        return listed
     # A plain number never equals an expression in free variables or a tuple/list/interval; math-verify
     # would try to simplify the difference to prove it, which costs up to seconds per pair on
     # physics-style answers.
-    if (pred_value is not None and _not_a_scalar(gold_norm)) or (
-        gold_value is not None and _not_a_scalar(pred_norm)
-    ):
+    if (pred_values and _not_a_scalar(gold_norm)) or (gold_values and _not_a_scalar(pred_norm)):
         return Verdict(False, "number_vs_expression")
     return None
 
@@ -117,7 +221,7 @@ def grade_many_verdicts(
                 if verdict is not None:
                     slots.append(verdict)
                     continue
-                key = (candidate, pred)
+                key = verify_form(candidate, pred)
                 if key in _VERDICT_CACHE:
                     slots.append(Verdict(_VERDICT_CACHE[key], "math_verify"))
                 else:
@@ -158,6 +262,7 @@ def clear_caches() -> None:
 
     _VERDICT_CACHE.clear()
     normalize_answer.cache_clear()
+    clean_answer.cache_clear()
     read_number.cache_clear()
     has_free_symbols.cache_clear()
     _extract.cache_clear()

@@ -6,8 +6,17 @@ Both are pure and cached. ``normalize_answer`` maps notational variants of the s
 plain number (integer, decimal, scientific, ``a/b``, ``\\frac{a}{b}``, ``a\\times10^{b}``) as an exact
 ``Fraction``. Anything more (radicals, intervals, expressions) is left to math-verify.
 
-Percent and degree signs are dropped, as math-verify's own parser does (``10\\%`` reads as 10), so the
-fast path never contradicts the slow one on those.
+Before either, ``clean_answer`` rewrites what models and answer keys write around a value into one form
+(both sides, and what math-verify is given): currency (``\\$``, a lone ``$``, ``€``), LaTeX thousands
+separators (``14{,}916``, ``16,\\!386.20``), percent words (``28 pct`` -> ``28\\%``), unit words after a
+number (``36 dollars``), a stray trailing backslash, ``\\\\frac`` written with a doubled backslash.
+
+Degree signs are dropped, as math-verify's own parser does. A percent sign is dropped by
+``normalize_answer`` (MATH's convention: ``10\\%`` and ``10`` are the same answer); the fast path also
+accepts the value over 100 for a number written with a percent sign (``10\\%`` = 0.1, as OlympiadBench's
+judge does). ``reduce_relation`` reads the value of ``x = 3``, ``f(x) = 1``, ``|AB| = 1``, ``(p,q) = (3,2)``,
+of a chain ``x = 5 + 6 = 11`` (the last right-hand side) and of ``x \\approx 1.3`` / ``1/3 \\approx 0.33``
+(the exact value wins over the approximation); an equation whose left side is not a label stays one.
 """
 
 from __future__ import annotations
@@ -22,7 +31,17 @@ from typing import Any
 # Math delimiters around the whole answer.
 _DELIMITERS = (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
 # Wrappers whose content is the answer when they span the whole string.
-_WRAPPERS = ("\\boxed", "\\fbox", "\\text", "\\textbf", "\\mathrm", "\\mathbf", "\\mbox", "\\textnormal")
+_WRAPPERS = (
+    "\\boxed",
+    "\\fbox",
+    "\\framebox",
+    "\\text",
+    "\\textbf",
+    "\\mathrm",
+    "\\mathbf",
+    "\\mbox",
+    "\\textnormal",
+)
 _TEXT_COMMANDS = r"\\(?:text|textbf|textnormal|mathrm|mbox)"
 # A trailing unit: `\text{ cm}`, `\mbox{dollars}`, `\text{ square units}` after a non-empty answer.
 _TRAILING_UNIT = re.compile(_TEXT_COMMANDS + r"\{\s*[A-Za-z][A-Za-z .]*\}\s*$")
@@ -38,10 +57,38 @@ _FRAC_SHORT = re.compile(r"\\[dt]?frac([0-9A-Za-z])([0-9A-Za-z])")
 _SQRT_SHORT = re.compile(r"\\sqrt([0-9]+|[A-Za-z])")
 _COMMAND_BEFORE_LETTER = re.compile(r"(\\[A-Za-z]+)\s+(?=[A-Za-z])")
 _FRAC_VARIANT = re.compile(r"\\[dt]frac(?![A-Za-z])")
-# `x = 3`, `k=5`, `a_n = ...`: a single-symbol left side is notation, not part of the answer.
-_ASSIGNMENT = re.compile(r"^[A-Za-z](?:_\{?[A-Za-z0-9]+\}?)?=(?!=)")
+_UNIT_WORD = (
+    r"(?:dollars?|cents?|euros?|units?|degrees?|percent(?:age)?|pct|inches|inch|feet|foot|miles?|meters?|"
+    r"metres?|centimeters?|cm|km|mm|hours?|minutes?|seconds?|days?|years?|yuan|square\s+units|sq\s+units)"
+)
+_PERCENT_WORD = re.compile(
+    r"(\d|\})(\$?)\s*(?:\\text\{\s*|\\mbox\{\s*)?(?:percent(?:age)?|pct)\b\s*\}?", re.I
+)
+# `6 \text{ and } 8`, `$1$ and $2$`: two values joined by a word are a list of both.
+_TEXT_CONNECTOR = re.compile(
+    r"\s*,?\s*\\(?:text|mbox|textnormal)\{\s*,?\s*(?:and|or)\s*\}\s*|(?<=[\d})$])\s*,?\s+(?:and|or)\s+(?=[-\d\\($])"
+)
+_UNIT_AFTER_NUMBER = re.compile(
+    r"(?<=[\d}$])\s*(?:\\(?:text|mbox|textnormal|mathrm)\{\s*~?\s*)?" + _UNIT_WORD + r"\.?\s*\}?\s*$", re.I
+)
+_LATEX_THOUSANDS = re.compile(r"(?<=\d)(?:\s*\{\s*,\s*\}|,\s*\\!|,\\,|,\\ )\s*(?=\d{3}(?!\d))")
+_PERCENT_AFTER_MATH = re.compile(r"(?<!\\)\$\s*(\\?%)")
+# A unit mark after a number: degrees Celsius/Fahrenheit, arcminutes/arcseconds (or feet/inches) as primes.
+_NUMBER_MARKS = re.compile(
+    r"(?<=[\d}])\s*(?:\^\s*\{?\s*\\circ\s*\}?|°)\s*(?:\\mathrm\{\s*([CF])\s*\}|\\text\{\s*([CF])\s*\}|([CF])(?![A-Za-z]))"
+    r"|(?<=\d)\s*\^\s*\{\s*\\prime(?:\s*\\prime)?\s*\}|(?<=\d)\s*\^\s*\\prime(?![A-Za-z])"
+)
+_DOLLAR_LIST = re.compile(r"\$\s*([,;])\s*\$")
+_DOLLAR_GAP = re.compile(r"(?<=.)\$\s+\$(?=.)")
+_CURRENCY = re.compile(r"\\\$|\\euro\b|[€£¥]|\\pounds\b")
+_DOUBLED_COMMAND = re.compile(
+    r"\\\\(?=(?:frac|dfrac|tfrac|sqrt|left|right|boxed|text|cdot|times|pi|le|ge|infty|in)\b)"
+)
+_ONE_SPAN = re.compile(r"\$([^$]+)\$")
+_SPANS = re.compile(r"^\$[^$]+\$(?:\s*(?:,|;|and|or)\s*\$[^$]+\$)+\s*\.?$")
+_TEXT_CHOICE = re.compile(r"^\\text(?:bf)?\{\s*\(?([A-Ea-e])\)?\s*\}$")
 _CHOICE = re.compile(r"^\(?([A-Ea-e])\)?$")
-_THOUSANDS = re.compile(r"^-?\d{1,3}(?:,\d{3})+(?:\.\d+)?$")
+_THOUSANDS = re.compile(r"^-?[1-9]\d{0,2}(?:,\d{3})+(?:\.\d+)?$")
 
 # Exponents are capped at three digits: `1e99999999` must not build a 100-million-digit integer.
 _DECIMAL = re.compile(r"^[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d{1,3})?$")
@@ -53,7 +100,7 @@ _SCIENTIFIC = re.compile(
 _POWER_OF_TEN = re.compile(r"^10\^(?:\{([+-]?\d{1,3})\}|([+-]?\d))$")
 
 
-def _strip_delimiters(s: str) -> str:
+def strip_delimiters(s: str) -> str:
     changed = True
     while changed:
         changed = False
@@ -96,17 +143,141 @@ def _strip_sign_off(s: str) -> str:
 
 
 @lru_cache(maxsize=1 << 16)
+def clean_answer(answer: str) -> str:
+    """Canonical writing of what surrounds a value (see the module docstring); the value is untouched."""
+    s = answer.replace("\u2212", "-").strip()
+    if _SPANS.match(s):  # `$f(x)=-1$,$f(x)=x+1$` (OlympiadBench): several formulas form one answer
+        s = ", ".join(m.group(1).strip() for m in _ONE_SPAN.finditer(s))
+    elif s.count("$") > 2:
+        s = _DOLLAR_LIST.sub(r"\1 ", s)  # `$$69$,$84$$`: formulas closed and reopened around a comma
+        s = _DOLLAR_GAP.sub(" ", s)  # `$a +$ $b$`: one formula split in two
+    if "matrix" not in s and "array" not in s:
+        s = _DOUBLED_COMMAND.sub(r"\\", s)
+    s = _LATEX_THOUSANDS.sub(",", s)
+    s = _NUMBER_MARKS.sub("", s)
+    s = _PERCENT_AFTER_MATH.sub(r"\1$", s)  # `$28$ %` -> `$28%$`
+    s = _CURRENCY.sub("", s)
+    if s.count("$") == 1:  # a lone dollar is currency (`$1,000.99`, `1,000.99$`), never a math delimiter
+        s = s.replace("$", "")
+    s = _PERCENT_WORD.sub(r"\1\\%\2", s)
+    s = _TEXT_CONNECTOR.sub(", ", s)
+    while s.endswith("\\") and not s.endswith("\\\\"):
+        s = s[:-1].rstrip()
+    unit = _UNIT_AFTER_NUMBER.search(s)
+    if unit is not None and unit.start() > 0:
+        s = s[: unit.start()]
+    return s.strip()
+
+
+def _top_level(s: str, needle: str) -> list[int]:
+    """Positions of ``needle`` in ``s`` outside any (), [], {} group."""
+    out: list[int] = []
+    depth = 0
+    i = 0
+    while i < len(s):
+        ch = s[i]
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth = max(0, depth - 1)
+        elif depth == 0 and s.startswith(needle, i):
+            out.append(i)
+            i += len(needle)
+            continue
+        i += 1
+    return out
+
+
+def top_level_split(s: str, sep: str) -> list[str]:
+    """``s`` split at ``sep`` outside any (), [], {} group (a one-element list when there is none)."""
+    parts, last = [], 0
+    for i in _top_level(s, sep):
+        parts.append(s[last:i])
+        last = i + len(sep)
+    parts.append(s[last:])
+    return parts
+
+
+def split_equals(s: str) -> list[str]:
+    """``s`` split at top-level ``=`` (not ``<=``, ``>=``, ``!=``, ``==``)."""
+    cuts = [
+        i
+        for i in _top_level(s, "=")
+        if (i == 0 or s[i - 1] not in "<>!=\\") and (i + 1 >= len(s) or s[i + 1] != "=")
+    ]
+    parts, last = [], 0
+    for i in cuts:
+        parts.append(s[last:i])
+        last = i + 1
+    parts.append(s[last:])
+    return parts
+
+
+_LABEL_NOISE = re.compile(
+    r"_\{[^{}]*\}|_[A-Za-z0-9]|\^\{?\\prime\}?|'|\\(?:left|right|mathrm|text|operatorname)"
+)
+_RELATION_WORDS = (re.compile(r"\\approx(?![A-Za-z])"), re.compile(r"\\in(?![A-Za-z])"))
+_PAREN_NUMBER = re.compile(r"^\((-?\d+(?:\.\d+)?)\)$")
+_LABEL = re.compile(r"^[A-Za-z\\{}()|:,;\s\[\]]+$")
+
+
+def is_label(text: str) -> bool:
+    """True when ``text`` names a quantity (``x``, ``a_n``, ``f(x)``, ``|AB|``, ``(p,q)``, ``\\angle A``, ``A:B``)
+    rather than being a value: letters, commands, grouping and subscripts only, no digit or operator."""
+    t = text.strip()
+    if not t or len(t) > 40:
+        return False
+    t = _LABEL_NOISE.sub("", t)
+    return bool(t.strip()) and _LABEL.match(t) is not None and any(c.isalpha() for c in t)
+
+
+def reduce_relation(s: str) -> str:
+    """The value a relation states: ``x = 3`` -> ``3``; a chain -> its last right-hand side; ``x \\approx 1.3``
+    -> ``1.3``; ``1/3 \\approx 0.33`` -> ``1/3``. A list, an inequality or an equation between expressions
+    (``2x + y = 1``) is returned unchanged."""
+    if _top_level(s, ",") or _top_level(s, ";"):
+        return s
+    parts = split_equals(s)
+    if len(parts) >= 3 and all(p.strip() for p in parts):
+        s = parts[-1]
+    elif len(parts) == 2 and parts[1].strip() and is_label(parts[0]):
+        s = parts[1]
+    elif (
+        len(parts) == 2
+        and parts[1].strip()
+        and parts[0].strip()
+        and not (has_free_symbols(parts[0]) or has_free_symbols(parts[1]))
+    ):
+        s = parts[1]  # a computation `3 + 4 = 7`: its result
+    for word in _RELATION_WORDS:
+        matches = list(word.finditer(s))
+        top = set(_top_level(s, matches[0].group())) if matches else set()
+        where = [m.start() for m in matches if m.start() in top]
+        if where:
+            match = word.match(s, where[0])
+            left, right = s[: where[0]], s[match.end() :] if match else ""
+            if right.strip() and is_label(left):
+                s = right
+            elif right.strip() and left.strip() and word is _RELATION_WORDS[0]:
+                s = left  # `1/3 \approx 0.33`: the exact value is the answer
+    return s.strip()
+
+
+@lru_cache(maxsize=1 << 16)
 def normalize_answer(answer: str) -> str:
     """A canonical string for ``answer``: equal outputs mean the answers are written-variants of each other.
 
     All whitespace is removed last, so ``[1, 2)`` and ``[1,2)`` agree. The result is for comparison only;
     math-verify gets the original text (removing spaces can glue LaTeX commands to letters).
     """
-    s = _strip_delimiters(answer.replace("\u2212", "-"))
+    s = strip_delimiters(clean_answer(answer))
     previous = None
     while s != previous:  # peel nested wrappers and stacked units: `$\boxed{\text{(C)}}$`, `$5$\text{ cm}`
         previous = s
-        s = _strip_sign_off(_strip_delimiters(_unwrap_whole(s.strip())))
+        s = _strip_sign_off(strip_delimiters(_unwrap_whole(s.strip())))
+    choice = _TEXT_CHOICE.match(s)
+    if choice:
+        return choice.group(1).upper()
     s = _TEXT_WRAPPED.sub(r"\1", s)
     s = _LEFT_RIGHT.sub("", s)
     s = _SPACING.sub("", s)
@@ -114,16 +285,18 @@ def normalize_answer(answer: str) -> str:
     s = _PERCENT.sub("", s)
     s = _FRAC_VARIANT.sub(r"\\frac", s)
     s = _COMMAND_BEFORE_LETTER.sub(r"\1{}", s)  # `\pi c` must not become the command `\pic`
+    spaced_list = re.search(r",\s", s) is not None  # `32, 349` is a list, `32,349` a number
     s = "".join(s.split())
     s = _FRAC_SHORT.sub(r"\\frac{\1}{\2}", s)
     s = _SQRT_SHORT.sub(r"\\sqrt{\1}", s)
     s = s.rstrip(".")
-    if s.count("=") == 1:
-        s = _ASSIGNMENT.sub("", s)
+    s = reduce_relation(s)
     choice = _CHOICE.match(s)
     if choice:
         s = choice.group(1).upper()
-    if _THOUSANDS.match(s):
+    elif number := _PAREN_NUMBER.match(s):  # `\textbf{(211)}`: an answer choice written as a number
+        s = number.group(1)
+    if not spaced_list and _THOUSANDS.match(s):
         s = s.replace(",", "")
     return s
 
@@ -159,6 +332,7 @@ def read_number(normalized: str) -> Fraction | None:
 
 
 _COMMAND = re.compile(r"\\[A-Za-z]+")
+_ENVIRONMENT = re.compile(r"\\(?:begin|end)\{[A-Za-z*]+\}")  # `\begin{vmatrix}`: a name, not variables
 # Function and constant names written without a backslash, and the letters sympy reads as constants.
 _NOT_VARIABLES = re.compile(r"sqrt|sin|cos|tan|cot|sec|csc|log|ln|exp|pi|inf|oo|[eEiI](?![A-Za-z])")
 _LETTER = re.compile(r"[A-Za-z]")
@@ -171,7 +345,8 @@ def has_free_symbols(normalized: str) -> bool:
     Used to decide "plain number vs an expression in variables" as unequal without math-verify: such a
     pair can only be equal through an assignment (``x=3``), which normalisation has already removed.
     """
-    return _LETTER.search(_NOT_VARIABLES.sub("", _COMMAND.sub("", normalized))) is not None
+    stripped = _COMMAND.sub("", _ENVIRONMENT.sub("", normalized))
+    return _LETTER.search(_NOT_VARIABLES.sub("", stripped)) is not None
 
 
 def numbers_equal(a: Fraction, b: Fraction, rel_tol: float) -> bool:
@@ -183,8 +358,24 @@ def numbers_equal(a: Fraction, b: Fraction, rel_tol: float) -> bool:
     return math.isclose(float(a), float(b), rel_tol=rel_tol, abs_tol=0.0)
 
 
+_ANSWER_WORD = re.compile(r"(?i)\banswer\b")
+
+
+def _answer_in_gold_text(text: str) -> str:
+    """A gold that is a solution text (a box, an answer label or Minerva's sentence inside it) -> that answer."""
+    boxed = "\\boxed" in text or "\\fbox" in text or "\\framebox" in text
+    labelled = _ANSWER_WORD.search(text) is not None
+    if not (boxed or labelled or len(text) >= 80):
+        return text
+    from components.grading.answers import extract_answer  # answers imports config only; no cycle
+
+    found = extract_answer(text, ["answer_line"] if (labelled or len(text) >= 80) else [])
+    return found if found else text
+
+
 def gold_candidates(gold: Any) -> tuple[str, ...]:
-    """Every acceptable gold answer as a string: a list/tuple/array gold is any-of; floats lose ``.0``.
+    """Every acceptable gold answer as a string: a list/tuple/array gold is any-of; floats lose ``.0``;
+    a gold written as a solution text stands for the answer boxed (or stated) in it.
 
     Benchmarks store answers as str (MATH500), float (AMC: ``27.0``) or lists of alternatives (Minerva,
     OlympiadBench). Raises ValueError for a gold that holds no answer (None, empty list, blank string).
@@ -203,7 +394,7 @@ def gold_candidates(gold: Any) -> tuple[str, ...]:
                 raise ValueError(f"gold answer {item!r} is not a finite number")
             text = str(int(item)) if item.is_integer() else repr(item)
         elif isinstance(item, int | str):
-            text = str(item).strip()
+            text = _answer_in_gold_text(str(item).strip())
         else:
             raise ValueError(
                 f"gold answer of type {type(item).__name__} is not a str, number or list of them"

@@ -8,7 +8,17 @@
   ``Stage3Reward.filter_on``) -> ``filtered=True`` and a neutral score of 0.0 that is never a learning
   signal (the trainer drops it); otherwise ``stage3.correct`` / ``stage3.wrong`` by accuracy only.
 
-``score_many(name, responses, golds, schema, cfg)`` judges a batch once and applies the reward.
+- ``accuracy`` (Parallel-R1): ``accuracy.correct`` / ``accuracy.wrong`` by the answer alone.
+- ``accuracy_parallel_interv`` (Parallel-R1's Stage-2 reward, a *scheduled* reward: it reads the 1-based
+  training step): accuracy only on most steps; on the steps ``AlternatingParallelReward.rewards_parallel``
+  names, a correct answer in a well-formed parallel trace (no format violation, so at least one complete
+  block) earns ``correct_parallel``, a correct one with no tag of the schema at all ``correct``, anything
+  else ``wrong``. "Well-formed" is our structure module's verdict (``Judgement.valid``), stricter than the
+  public code's tag-stack check: it also holds paths and summaries to the schema's minimum lengths.
+
+``score_many(name, responses, golds, schema, cfg, finish_reasons=..., step=...)`` judges a batch once (with
+the ``reward`` extraction settings: an explicit final answer only, nothing for a truncated response) and
+applies the reward; a scheduled reward needs ``step``.
 """
 
 from __future__ import annotations
@@ -37,12 +47,18 @@ class RewardResult:
         return asdict(self)
 
 
-RewardFn = Callable[[Judgement, GradingConfig], RewardResult]
+RewardFn = Callable[..., RewardResult]
 REWARDS: dict[str, RewardFn] = {}
+# Rewards that depend on the training step: called as ``fn(judgement, cfg, step=s)`` (s counts from 1).
+SCHEDULED: set[str] = set()
 
 
-def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
-    """Register a reward under ``name``; registering a different function under a taken name raises."""
+def register_reward(name: str, *, scheduled: bool = False) -> Callable[[RewardFn], RewardFn]:
+    """Register a reward under ``name``; registering a different function under a taken name raises.
+
+    A reward is ``fn(judgement, cfg) -> RewardResult``; a ``scheduled`` one also takes ``step=`` (the
+    1-based training step) and must be called with it (``apply_reward``).
+    """
 
     def decorator(fn: RewardFn) -> RewardFn:
         existing = REWARDS.get(name)
@@ -51,9 +67,27 @@ def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
                 f"reward {name!r} is already registered ({existing.__module__}.{existing.__qualname__})"
             )
         REWARDS[name] = fn
+        if scheduled:
+            SCHEDULED.add(name)
         return fn
 
     return decorator
+
+
+def is_scheduled(name: str) -> bool:
+    """Whether reward ``name`` reads the training step (KeyError for an unknown reward)."""
+    get_reward(name)
+    return name in SCHEDULED
+
+
+def apply_reward(name: str, judgement: Judgement, cfg: GradingConfig, step: int | None = None) -> RewardResult:
+    """Reward ``name`` of one judgement; ``step`` (1-based) is required by scheduled rewards only."""
+    reward = get_reward(name)
+    if name not in SCHEDULED:
+        return reward(judgement, cfg)
+    if step is None:
+        raise ValueError(f"reward {name!r} depends on the training step; pass step= (counting from 1)")
+    return reward(judgement, cfg, step=int(step))
 
 
 def get_reward(name: str) -> RewardFn:
@@ -100,21 +134,62 @@ def stage3_reward(j: Judgement, cfg: GradingConfig) -> RewardResult:
     return _result(j, values.correct if j.correct else values.wrong)
 
 
+@register_reward("accuracy")
+def accuracy_reward(j: Judgement, cfg: GradingConfig) -> RewardResult:
+    """Parallel-R1's accuracy reward: the answer alone decides."""
+    values = cfg.accuracy
+    return _result(j, values.correct if j.correct else values.wrong)
+
+
+# Violations of a response that holds no tag of the schema: the missing block (and its answer check).
+_SEQUENTIAL_CODES = frozenset({"no_block", "missing_answer"})
+
+
+@register_reward("accuracy_parallel_interv", scheduled=True)
+def alternating_parallel_reward(j: Judgement, cfg: GradingConfig, *, step: int) -> RewardResult:
+    """Parallel-R1's alternating reward (module docstring); ``step`` counts training steps from 1."""
+    values = cfg.accuracy_parallel_interv
+    if not values.rewards_parallel(step):
+        return _result(j, values.correct if j.correct else values.wrong)
+    if j.correct and j.valid:
+        return _result(j, values.correct_parallel)
+    if j.correct and set(j.violations) <= _SEQUENTIAL_CODES:
+        return _result(j, values.correct)
+    return _result(j, values.wrong)
+
+
 def score_many(
     name: str,
     responses: Sequence[str],
     golds: Sequence[Any],
     schema: str | Schema = "npr",
     cfg: GradingConfig | None = None,
+    *,
+    finish_reasons: Sequence[str | None] | None = None,
+    step: int | None = None,
 ) -> list[RewardResult]:
-    """Judge a batch (answers graded together) and apply the reward ``name`` to each response."""
-    reward = get_reward(name)
+    """Judge a batch (answers graded together) and apply the reward ``name`` to each response.
+
+    ``finish_reasons`` (the engine's, one per response) marks responses cut off by the token budget: they
+    have no answer, so they can be rewarded for their format at most, never for a correct answer.
+    ``step``: the 1-based training step, for scheduled rewards (``accuracy_parallel_interv``).
+    """
+    if is_scheduled(name) and step is None:
+        raise ValueError(f"reward {name!r} depends on the training step; pass step= (counting from 1)")
     cfg = cfg or GradingConfig()
-    return [reward(j, cfg) for j in judge_many(responses, golds, schema, cfg)]
+    judgements = judge_many(responses, golds, schema, cfg, purpose="reward", finish_reasons=finish_reasons)
+    return [apply_reward(name, j, cfg, step) for j in judgements]
 
 
 def score_response(
-    name: str, response: str, gold: Any, schema: str | Schema = "npr", cfg: GradingConfig | None = None
+    name: str,
+    response: str,
+    gold: Any,
+    schema: str | Schema = "npr",
+    cfg: GradingConfig | None = None,
+    *,
+    finish_reason: str | None = None,
+    step: int | None = None,
 ) -> RewardResult:
     """``score_many`` for one response."""
-    return score_many(name, [response], [gold], schema, cfg)[0]
+    return score_many(name, [response], [gold], schema, cfg, finish_reasons=[finish_reason], step=step)[0]

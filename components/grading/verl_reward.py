@@ -12,11 +12,21 @@ Which reward and with which values, in increasing precedence:
    call): ``reward``, ``reward_values``, ``schema``, ``grading``;
 3. the row's ``extra_info`` with the same keys.
 
+Answers are read with the ``reward`` extraction settings (an explicit final answer only). verl's reward
+loop passes the decoded text without the end-of-sequence token, so it cannot tell a finished response from
+one cut at ``max_response_length``: a rollout producer that knows (an agent loop) passes
+``extra_info["finish_reason"]`` (``stop`` / ``length`` ...) or a ``finish_reason`` keyword; without it only an
+unclosed box marks a response as truncated.
+
+A scheduled reward (``accuracy_parallel_interv``) reads the 1-based training step from
+``extra_info["global_step"]`` (our agent loop and reward manager copy verl's ``global_steps`` there) or a
+``global_step`` keyword, and fails without one.
+
 ``reward_values`` overrides the chosen reward's section (``{"correct": 1, "wrong": -1, "empty": -2}``;
 for stage3 also ``filter_on``); ``grading`` overrides other ``GradingConfig`` fields (``timeout_s``,
 ``workers``, ``fallbacks`` ...). The returned dict always has the same keys (verl stacks them into
 per-sample arrays): ``score``, ``acc``, ``pred`` ("" when none), ``format_score``, ``valid``, ``filtered``,
-``empty``, ``grade_failed``.
+``empty``, ``grade_failed``, ``truncated``.
 """
 
 from __future__ import annotations
@@ -26,9 +36,9 @@ from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
 
-from components.grading.config import GradingConfig
+from components.grading.config import REWARD_SECTIONS, GradingConfig
 from components.grading.judge import judge
-from components.grading.rewards import get_reward
+from components.grading.rewards import apply_reward, get_reward, is_scheduled
 
 DEFAULT_REWARD = "stage1"
 DEFAULT_SCHEMA = "npr"
@@ -40,7 +50,7 @@ def _grading_config(reward: str, reward_values_json: str, grading_json: str) -> 
     data: dict[str, Any] = json.loads(grading_json)
     values = json.loads(reward_values_json)
     if values:
-        if reward not in ("stage1", "stage3"):
+        if reward not in REWARD_SECTIONS:
             raise ValueError(f"reward_values given for reward {reward!r}, which reads no values section")
         section = dict(data.get(reward, {}))
         section.update(values)
@@ -62,6 +72,22 @@ def _settings(extra_info: Any, kwargs: Mapping[str, Any]) -> dict[str, Any]:
     return settings
 
 
+def _training_step(extra_info: Any, kwargs: Mapping[str, Any], reward: str) -> int | None:
+    """The 1-based training step a scheduled reward reads: ``extra_info["global_step"]`` (set by our agent
+    loop and reward manager from verl's ``global_steps``) or a ``global_step`` keyword; None otherwise."""
+    step = kwargs.get("global_step")
+    if isinstance(extra_info, Mapping) and extra_info.get("global_step") is not None:
+        step = extra_info["global_step"]
+    if step is None:
+        if is_scheduled(reward):
+            raise ValueError(
+                f"reward {reward!r} depends on the training step, and this call carries none "
+                "(extra_info['global_step'] or a global_step keyword)"
+            )
+        return None
+    return int(_plain(step)) if hasattr(step, "tolist") else int(step)
+
+
 def compute_score(
     data_source: str | None,
     solution_str: str,
@@ -76,14 +102,24 @@ def compute_score(
     """
     settings = _settings(extra_info, kwargs)
     reward_name = str(settings.get("reward", DEFAULT_REWARD))
-    reward = get_reward(reward_name)
+    get_reward(reward_name)  # an unknown name fails here, before any grading
     cfg = _grading_config(
         reward_name,
         json.dumps(dict(settings.get("reward_values") or {}), sort_keys=True, default=_plain),
         json.dumps(dict(settings.get("grading") or {}), sort_keys=True, default=_plain),
     )
-    judgement = judge(solution_str, ground_truth, str(settings.get("schema", DEFAULT_SCHEMA)), cfg)
-    result = reward(judgement, cfg)
+    finish_reason = kwargs.get("finish_reason")
+    if isinstance(extra_info, Mapping) and extra_info.get("finish_reason") is not None:
+        finish_reason = extra_info["finish_reason"]
+    judgement = judge(
+        solution_str,
+        ground_truth,
+        str(settings.get("schema", DEFAULT_SCHEMA)),
+        cfg,
+        purpose="reward",
+        finish_reason=None if finish_reason is None else str(finish_reason),
+    )
+    result = apply_reward(reward_name, judgement, cfg, _training_step(extra_info, kwargs, reward_name))
     return {
         "score": result.score,
         "acc": float(result.correct),
@@ -93,4 +129,5 @@ def compute_score(
         "filtered": result.filtered,
         "empty": judgement.empty,
         "grade_failed": judgement.grade_reason is not None,
+        "truncated": judgement.truncated,
     }

@@ -24,13 +24,33 @@ class TinyArchitecture(StrictModel):
     tokenizer_corpus_size: int = Field(20000, ge=100)
 
 
+class ModelArchitecture(StrictModel):
+    """The shape of a hub model, as its config.json states it: what the memory planner
+    (``components.training.memory``) computes with before the model is downloaded. When a stage's model
+    directory exists, its config.json is read instead (and a test keeps the two in step)."""
+
+    hidden_size: int = Field(ge=1)
+    intermediate_size: int = Field(ge=1)
+    num_hidden_layers: int = Field(ge=1)
+    num_attention_heads: int = Field(ge=1)
+    num_key_value_heads: int = Field(ge=1)
+    head_dim: int = Field(ge=1)
+    vocab_size: int = Field(ge=1)
+    max_position_embeddings: int = Field(ge=1)
+    tie_word_embeddings: bool = True
+
+
 class ModelsConfig(StrictModel):
     """How the starting model is obtained and loaded."""
 
     base_model: str = "tiny"  # "tiny" = built by the seed stage; else a hub id or a local directory
+    # sdpa takes the parallel 4D mask and needs no kernel download (flash-attention kernels are fetched from
+    # the hub when the flash-attn package is absent; they also reject arbitrary masks)
     attn_implementation: Literal["sdpa", "eager"] = "sdpa"
     pad_embeddings_to_multiple_of: int = Field(64, ge=1)
     tiny: TinyArchitecture | None = None
+    # Shape of a hub base_model for the memory planner (None for the tiny model, whose shape is `tiny`).
+    architecture: ModelArchitecture | None = None
 
 
 class SeedConfig(StrictModel):

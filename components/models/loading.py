@@ -15,10 +15,12 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
+from components.errors import UserError
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-class ModelLoadError(RuntimeError):
+class ModelLoadError(UserError, RuntimeError):
     """The model or tokenizer could not be loaded; says from where and why."""
 
 
@@ -102,10 +104,28 @@ def save_model(
         model.save_pretrained(path, state_dict=state_dict)
     finally:
         model.config.use_cache = use_cache
+    if state_dict is not None:
+        _record_saved_dtype(path, state_dict)
     tokenizer.save_pretrained(path)
     if not (path / "model.safetensors").exists() and not (path / "model.safetensors.index.json").exists():
         raise ModelLoadError(f"save_pretrained did not write safetensors weights into {path}")
     return path
+
+
+def _record_saved_dtype(path: Path, state_dict: dict[str, Any]) -> None:
+    """config.json names the dtype of the tensors written, not of the module that wrote them (an FSDP
+    mixed-precision run holds fp32 masters and writes its bf16 weights; save_pretrained says float32)."""
+    import json
+
+    dtypes = {v.dtype for v in state_dict.values() if isinstance(v, torch.Tensor) and v.is_floating_point()}
+    if len(dtypes) != 1:
+        return
+    name = str(dtypes.pop()).removeprefix("torch.")
+    config_path = path / "config.json"
+    config = json.loads(config_path.read_text())
+    if config.get("dtype") != name:
+        config["dtype"] = name
+        config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def _explain(path_or_name: str | Path, what: str, err: Exception) -> str:

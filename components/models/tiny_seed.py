@@ -278,7 +278,12 @@ def measure(
     prompts = [render_prompt(tokenizer, p["problem"], cfg.prompts, "parallel") for p in problems]
     generations = generate(model, tokenizer, prompts, gen_cfg)
     judgements = judge_many(
-        [g.text for g in generations], [p["answer"] for p in problems], cfg.schema_name, cfg.grading
+        [g.text for g in generations],
+        [p["answer"] for p in problems],
+        cfg.schema_name,
+        cfg.grading,
+        purpose="evaluation",
+        finish_reasons=[g.finish_reason for g in generations],
     )
     rows = [
         {

@@ -36,6 +36,18 @@ class TrackingConfig(StrictModel):
     console: Literal["auto", "off", "wrap", "redirect"] = "auto"
 
 
+class GpuSpec(StrictModel):
+    """The GPUs of the gpu pool's nodes: what the memory plan of each stage is checked against
+    (`npr config check`; at run time a stage checks against the device it got)."""
+
+    name: str = "H200"
+    # What torch reports as the device's total memory (an H200: 143,771 MiB = 140.4 GiB).
+    memory_gib: float = Field(140.0, gt=0)
+    per_node: int = Field(8, ge=1)
+    # Held back from every plan: the CUDA context, NCCL buffers and the caching allocator's fragmentation.
+    reserved_gib: float = Field(4.0, ge=0)
+
+
 class OrchestrationConfig(StrictModel):
     """Prefect: work pools, where each stage runs, and how long it may take."""
 
@@ -56,6 +68,8 @@ class OrchestrationConfig(StrictModel):
     max_parallel_stages: int = Field(1, ge=1)
     # How long `npr server` waits for the API to answer /api/health.
     server_start_timeout_s: int = Field(120, ge=5)
+    # The gpu pool's GPUs (memory plans, GPU counts per stage: components.training.memory).
+    gpu: GpuSpec = GpuSpec()
 
     @model_validator(mode="after")
     def _timeouts_positive(self) -> OrchestrationConfig:

@@ -1,19 +1,24 @@
 """Command lines for the GPU side, rendered from the specs in infra/ (so the specs are the one definition).
 
-- ``sglang_server_command(spec)``: infra/sglang/server.yaml -> ``python -m sglang.launch_server ...``.
-- ``ray_job_submit_command(stage, spec, run_id)``: infra/ray/job.yaml -> ``ray job submit ... -- <entrypoint>``.
+(infra/ray/job.yaml is rendered by ``components.training.ray_cluster.submit_stage_job``.)
+
+- ``sglang_server_command(spec)``: infra/sglang/server.yaml -> ``python -m sglang.launch_server ...``
+  (``components.ops.sglang_server`` starts it for a stage's checkpoint, waits for health, stops it); a
+  server that listens beyond loopback must name ``api_key_env``, whose value becomes ``--api-key``
+  (the key comes from the environment, a secret, never from the spec).
 
 Nothing here imports sglang or ray: these run on the GPU image (infra/gpu/), not in the CPU environment.
 """
 
 from __future__ import annotations
 
-import json
-import shlex
+import os
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from components.errors import UserError
 
 INFRA = Path("infra")
 SGLANG_SPEC = INFRA / "sglang" / "server.yaml"
@@ -32,11 +37,21 @@ SGLANG_FLAGS = {
     "context_length": "--context-length",
     "random_seed": "--random-seed",
 }
-SGLANG_SWITCHES = {"trust_remote_code": "--trust-remote-code"}
-SGLANG_IGNORED = {"image"}  # where to run it, not how
+SGLANG_SWITCHES = {
+    "trust_remote_code": "--trust-remote-code",
+    # per-request sampling_seed is honoured only in SGLang's deterministic mode (sampling_batch_info.py)
+    "enable_deterministic_inference": "--enable-deterministic-inference",
+}
+# where and with what it runs, not how: the image, SGLang's own interpreter (it cannot share verl's
+# environment), the module to run, and environment variables for the server process
+SGLANG_META = {"image", "python", "module", "env", "api_key_env"}  # the key is rendered apart
+SGLANG_IGNORED = SGLANG_META
+SGLANG_KEYS = frozenset(SGLANG_FLAGS) | frozenset(SGLANG_SWITCHES) | SGLANG_META
+LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+SGLANG_API_KEY_ENV = "NPR_SGLANG_API_KEY"  # what the spec names and the client reads (sglang_client)
 
 
-class LaunchSpecError(ValueError):
+class LaunchSpecError(UserError, ValueError):
     """A spec in infra/ is missing a required key or has one the renderer does not know."""
 
 
@@ -47,36 +62,40 @@ def load_spec(path: Path | str) -> dict[str, Any]:
     return data
 
 
-def sglang_server_command(spec: dict[str, Any], python: str = "python") -> list[str]:
-    """argv of the SGLang server described by ``spec`` (keys of infra/sglang/server.yaml)."""
-    unknown = set(spec) - set(SGLANG_FLAGS) - set(SGLANG_SWITCHES) - SGLANG_IGNORED
+def sglang_server_command(
+    spec: dict[str, Any], python: str | None = None, env: dict[str, str] | None = None
+) -> list[str]:
+    """argv of the SGLang server described by ``spec`` (keys of infra/sglang/server.yaml).
+
+    The interpreter is ``python`` if given, else the spec's ``python`` (default ``python``); the module is
+    the spec's ``module`` (default ``sglang.launch_server``; tests point it at their stand-in server).
+    ``--api-key`` is the value of the environment variable ``spec["api_key_env"]`` (``env``, default
+    ``os.environ``) when it is set; a server that listens beyond loopback without a key is refused.
+    """
+    unknown = set(spec) - SGLANG_KEYS
     if unknown:
-        raise LaunchSpecError(f"unknown SGLang spec keys {sorted(unknown)}; known: {sorted(SGLANG_FLAGS)}")
+        raise LaunchSpecError(f"unknown SGLang spec keys {sorted(unknown)}; known: {sorted(SGLANG_KEYS)}")
     for key in ("model_path", "port", "tp_size"):
         if key not in spec:
             raise LaunchSpecError(f"SGLang spec lacks {key!r}")
-    argv = [python, "-m", "sglang.launch_server"]
+    interpreter = python or str(spec.get("python") or "python")
+    argv = [interpreter, "-m", str(spec.get("module") or "sglang.launch_server")]
     for key, flag in SGLANG_FLAGS.items():
         if spec.get(key) is not None:
             argv += [flag, str(spec[key])]
     argv += [flag for key, flag in SGLANG_SWITCHES.items() if spec.get(key)]
-    return argv
+    key_env = spec.get("api_key_env")
+    key = (os.environ if env is None else env).get(str(key_env)) if key_env else None
+    if key:
+        return argv + ["--api-key", key]
+    host = str(spec.get("host", "127.0.0.1"))  # SGLang's default host is loopback
+    if host not in LOOPBACK:
+        if not key_env:
+            raise LaunchSpecError(
+                f"an SGLang server on {host} must require an API key: set api_key_env (e.g. {SGLANG_API_KEY_ENV})"
+            )
+        raise LaunchSpecError(
+            f"an SGLang server on {host} needs its API key: export {key_env} (from the npr-sglang secret)"
+        )
+    return argv  # loopback: only this machine can reach it; the key is used when it is set
 
-
-def ray_job_submit_command(
-    stage: str, spec: dict[str, Any], run_id: str, address: str | None = None
-) -> list[str]:
-    """argv of ``ray job submit`` running one stage on the cluster (keys of infra/ray/job.yaml)."""
-    for key in ("address", "working_dir", "entrypoint"):
-        if key not in spec:
-            raise LaunchSpecError(f"Ray job spec lacks {key!r}")
-    runtime_env = {"env_vars": {**spec.get("env_vars", {}), "NPR_PIPELINE_RUN_ID": run_id}}
-    entrypoint = spec["entrypoint"].format(stage=shlex.quote(stage))
-    return [
-        "ray", "job", "submit",
-        "--address", address or spec["address"],
-        "--submission-id", f"npr-{stage}-{run_id}",
-        "--working-dir", spec["working_dir"],
-        "--runtime-env-json", json.dumps(runtime_env, sort_keys=True),
-        "--", "bash", "-c", entrypoint,
-    ]  # fmt: skip

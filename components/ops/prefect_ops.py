@@ -115,11 +115,20 @@ def wait_healthy(url: str, timeout_s: float, proc: subprocess.Popen | None = Non
 def launch_server(
     host: str, port: int, env: dict[str, str] | None = None, log: Path | None = None
 ) -> subprocess.Popen:
-    """Start ``prefect server start`` in its own session; the caller waits for health and stops it."""
+    """Start ``prefect server start`` in its own session; the caller waits for health and stops it.
+
+    The UI is told where its API is (``PREFECT_SERVER_UI_API_URL``): otherwise it calls port 4200 whatever
+    ``--port`` says, and on any other port every page of the UI fails ("Oops. Something went wrong.").
+    """
     out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 - owned by the child process
+    ui = (
+        {}
+        if "PREFECT_SERVER_UI_API_URL" in os.environ
+        else {"PREFECT_SERVER_UI_API_URL": api_url(host, port)}
+    )
     return subprocess.Popen(
         [prefect_bin(), "server", "start", "--host", host, "--port", str(port)],
-        env=_env(env),
+        env=_env({**ui, **(env or {})}),
         stdout=out,
         stderr=subprocess.STDOUT,
         start_new_session=True,
@@ -225,11 +234,25 @@ def register_all(cfg: OrchestrationConfig, url: str, root: Path) -> dict[str, st
 # the CLI's entry points (foreground)
 
 
+class _Stop(Exception):
+    """A termination signal reached `npr server`: stop the Prefect server it started, then exit."""
+
+
+def _raise_stop(signum: int, _frame: Any) -> None:
+    raise _Stop(signal.Signals(signum).name)
+
+
 def start_server(host: str = "127.0.0.1", port: int = 4200, register: bool = True) -> None:
-    """Start the server, wait until healthy, register pools and deployments, stay up until Ctrl-C."""
+    """Start the server, wait until healthy, register pools and deployments, stay up until stopped.
+
+    The server runs in its own process group (so stopping it stops uvicorn and what it spawned); Ctrl-C
+    (SIGINT), SIGTERM (``kill``, systemd, a container stop) and SIGHUP (the terminal closed) all stop that
+    group before ``npr server`` exits. Only SIGKILL, which no process can catch, leaves it running.
+    """
     root = Path.cwd()
     cfg = load_orchestration(root)
     url = api_url(host, port)
+    previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
     proc = launch_server(host, port)
     try:
         waited = wait_healthy(url, cfg.server_start_timeout_s, proc)
@@ -241,10 +264,17 @@ def start_server(host: str = "127.0.0.1", port: int = 4200, register: bool = Tru
             print(f"work pools: {actions}; deployments registered from {PREFECT_FILE}", flush=True)
         print(f"start a worker with: PREFECT_API_URL={url} npr worker --pool {cfg.cpu_pool}", flush=True)
         proc.wait()
-    except KeyboardInterrupt:
-        pass
+    except (KeyboardInterrupt, _Stop):
+        print("stopping the Prefect server", flush=True)
     finally:
+        # a second signal must not abort the stop half way (it escalates to SIGKILL on its own)
+        interrupt = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        for sig in previous:
+            signal.signal(sig, signal.SIG_IGN)
         stop_process_group(proc)
+        signal.signal(signal.SIGINT, interrupt)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def start_worker(pool: str) -> None:

@@ -14,7 +14,6 @@ clears it so stale samples are never mixed in.
 from __future__ import annotations
 
 import math
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -68,36 +67,33 @@ def trajectory_records(
     return out
 
 
-def run(cfg: PipelineConfig, io: StageIO) -> dict[str, Any]:
+def _decode_chunks(
+    cfg: PipelineConfig,
+    problems: list[dict[str, Any]],
+    model: Any,
+    tokenizer: Any,
+    tags: Any,
+    gen_cfg: Any,
+    work: Path,
+) -> tuple[int, int, int, float]:
+    """Decode and grade every chunk not already in ``work``; returns (chunks, resumed, tokens, seconds)."""
     from components.engine import generate
     from components.grading.judge import judge_many
-    from components.models.loading import load_model
-    from components.structure import TagIds
+    from components.progress import track
 
     dcfg = cfg.distill
-    gen_cfg = dcfg.generation
-    model_dir = io.input(f"{dcfg.init_from}/model")
-    out_dir = io.output("trajectories")
-    problems = load_problems(io.input("sample_orz/problems"), dcfg.n_problems)
-    model, tokenizer = load_model(model_dir, cfg.models, cfg.run)
-    tags = TagIds.from_tokenizer(tokenizer, cfg.schema_name) if gen_cfg.mode == "parallel" else None
-
-    work = out_dir.parent / WORK_DIR_NAME
-    work.mkdir(parents=True, exist_ok=True)  # stamped and reset on any change by components.stages.run_stage
     per_chunk = max(1, gen_cfg.batch_size // dcfg.k)
     n_chunks = math.ceil(len(problems) / per_chunk)
     resumed = generated_tokens = 0
     gen_seconds = 0.0
-    show = sys.stderr.isatty()
-    from rich.progress import Progress
-
-    with Progress(disable=not show, transient=True) as progress:
-        task = progress.add_task("distill", total=n_chunks)
+    with track(
+        f"distill ({dcfg.k} samples x {len(problems)} problems)", total=n_chunks, unit="chunks"
+    ) as task:
         for c in range(n_chunks):
             chunk_path = work / f"chunk-{c:05d}.jsonl"
             if chunk_path.exists():
                 resumed += 1
-                progress.advance(task)
+                task.advance(1)
                 continue
             chunk = problems[c * per_chunk : (c + 1) * per_chunk]
             prompts = [
@@ -112,11 +108,61 @@ def run(cfg: PipelineConfig, io: StageIO) -> dict[str, Any]:
             gen_seconds += time.perf_counter() - start
             generated_tokens += sum(g.total_tokens for g in gens)
             golds = [p["answer"] for p in chunk for _ in range(dcfg.k)]
-            judgements = judge_many([g.text for g in gens], golds, cfg.schema_name, cfg.grading)
+            judgements = judge_many(
+                [g.text for g in gens],
+                golds,
+                cfg.schema_name,
+                cfg.grading,
+                purpose="distill",
+                finish_reasons=[g.finish_reason for g in gens],
+            )
             tmp = chunk_path.with_suffix(".tmp")
             write_jsonl(tmp, trajectory_records(chunk, dcfg.k, prompts, gens, judgements))
             tmp.replace(chunk_path)
-            progress.advance(task)
+            task.advance(1, tokens_per_s=generated_tokens / max(gen_seconds, 1e-9))
+    return n_chunks, resumed, generated_tokens, gen_seconds
+
+
+def longest_prompt_tokens(tokenizer: Any, problems: list[dict[str, Any]], prompts_cfg: Any) -> int:
+    """Tokens of the longest rendered prompt (checked against the server's context length up front)."""
+    return max(
+        len(
+            tokenizer.encode(
+                render_prompt(tokenizer, p["problem"], prompts_cfg, "parallel"), add_special_tokens=False
+            )
+        )
+        for p in problems
+    )
+
+
+def run(cfg: PipelineConfig, io: StageIO) -> dict[str, Any]:
+    from components.models.loading import load_model, load_tokenizer
+    from components.structure import TagIds
+
+    dcfg = cfg.distill
+    gen_cfg = dcfg.generation
+    model_dir = io.input(f"{dcfg.init_from}/model")
+    out_dir = io.output("trajectories")
+    problems = load_problems(io.input("sample_orz/problems"), dcfg.n_problems)
+    served = gen_cfg.backend == "sglang"
+    if served:
+        model, tokenizer = None, load_tokenizer(model_dir)  # the server holds the weights
+    else:
+        model, tokenizer = load_model(model_dir, cfg.models, cfg.run)
+    tags = TagIds.from_tokenizer(tokenizer, cfg.schema_name) if gen_cfg.mode == "parallel" else None
+
+    work = out_dir.parent / WORK_DIR_NAME
+    work.mkdir(parents=True, exist_ok=True)  # stamped and reset on any change by components.stages.run_stage
+    if served:
+        from components.ops.sglang_server import check_context_length, context_length_for, serving
+
+        longest = longest_prompt_tokens(tokenizer, problems, cfg.prompts)
+        check_context_length(context_length_for(gen_cfg), longest, gen_cfg.max_new_tokens, "distill")
+        with serving(model_dir, gen_cfg, work / "server-logs") as live_cfg:
+            stats = _decode_chunks(cfg, problems, model, tokenizer, tags, live_cfg, work)
+    else:
+        stats = _decode_chunks(cfg, problems, model, tokenizer, tags, gen_cfg, work)
+    n_chunks, resumed, generated_tokens, gen_seconds = stats
 
     records = [r for c in range(n_chunks) for r in read_jsonl(work / f"chunk-{c:05d}.jsonl")]
     expected = len(problems) * dcfg.k

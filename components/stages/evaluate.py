@@ -1,8 +1,11 @@
 """Stage `evaluate`: every checkpoint of the run on every benchmark -> records, report, metrics, plots.
 
-Parallel checkpoints (``evaluate.parallel_checkpoints``) decode in the engine's parallel mode, the others
-sequentially; the held-out benchmark is the test split of ``sample_orz/problems``. The returned dict is
-what ``metrics.json`` holds (``dvc metrics show``); plot rows go to ``plots/`` beside it (``dvc plots show``).
+Parallel checkpoints (``evaluate.parallel_checkpoints``; Parallel-R1's per ``parallel_r1.attention``) decode
+in the engine's parallel mode, the others sequentially; each checkpoint is prompted, decoded and judged with
+its own schema and instruction (``PipelineConfig.schema_of`` / ``prompt_style_of``); the held-out benchmark
+is the test split of ``sample_orz/problems``. The returned dict is what ``artifacts/evaluate/metrics.json``
+holds; the stage runner writes one flat row per checkpoint into ``metrics/evaluate/`` (``dvc metrics show``);
+the plot rows go to ``plots/evaluate/`` (``dvc plots show``).
 """
 
 from __future__ import annotations
@@ -13,23 +16,21 @@ from typing import Any
 from components.dag import StageIO
 from components.evaluation.outputs import EvalOutputs, write_evaluation
 from components.evaluation.plots import ACCURACY_PNG, SPEEDUP_PNG
+from components.evaluation.recipe import recipe_summary
 from components.evaluation.report import publish_wandb
 from components.evaluation.runner import CheckpointSpec, evaluate_checkpoints
 
 log = logging.getLogger(__name__)
 
-# dvc.yaml declares the plot files as artifacts/evaluate/plots/*.json, beside metrics.json.
-PLOTS_SUBDIR = "plots"
+# The stage writes its own plot rows (per-checkpoint bars) into plots/evaluate (dvc.yaml), so the stage
+# runner does not write training curves there.
+WRITES_PLOTS = True
 
 
 def stage_outputs(io: StageIO) -> EvalOutputs:
-    if io.metrics is None:
-        raise ValueError("stage evaluate declares no metrics file in dvc.yaml; its plots live beside it")
-    return EvalOutputs(
-        records_dir=io.output("records"),
-        report_dir=io.output("report"),
-        plots_dir=io.metrics.parent / PLOTS_SUBDIR,
-    )
+    if io.plots is None:
+        raise ValueError("stage evaluate declares no plots/evaluate output in dvc.yaml")
+    return EvalOutputs(records_dir=io.output("records"), report_dir=io.output("report"), plots_dir=io.plots)
 
 
 def run(cfg: Any, io: StageIO) -> dict[str, Any]:
@@ -38,13 +39,22 @@ def run(cfg: Any, io: StageIO) -> dict[str, Any]:
         CheckpointSpec(
             name=name,
             path=io.input(f"{name}/model"),
-            mode=ecfg.mode_for(name),
-            prompt_style=ecfg.prompt_style_for(name),
+            mode=cfg.decode_mode_of(name),
+            prompt_style=cfg.prompt_style_of(name),
+            schema=cfg.schema_of(name),
+            engine_settings=cfg.engine_settings_of(name),
         )
         for name in ecfg.checkpoints
     ]
-    result = evaluate_checkpoints(cfg, checkpoints, ecfg.benchmarks, io.input("sample_orz/problems"))
     out = stage_outputs(io)
+    # the stage's work dir (artifacts/evaluate/work, stamped by run_stage) keeps finished checkpoints
+    work = out.report_dir.parent / "work"
+    result = evaluate_checkpoints(cfg, checkpoints, ecfg.benchmarks, io.input("sample_orz/problems"), work)
+    bench = ecfg.recipe_benchmark_name()
+    if bench is not None:  # the paper's comparison with its uncertainty, in the report and metrics.json
+        result.metrics["recipe"] = recipe_summary(
+            result.metrics, result.records, bench, ecfg.recipe_confidence, ecfg.recipe_resamples
+        )
     # flows/pipeline.py publishes report.md as a Prefect artifact after the stage; nothing to do here.
     write_evaluation(result, out, f"Evaluation of profile `{cfg.profile}`", ecfg.records_shards)
     # W&B run id kept in the stage's work dir (artifacts/evaluate/work, not a DVC out) so reruns resume it.

@@ -29,6 +29,15 @@ def run(cfg: PipelineConfig, io: StageIO) -> dict[str, Any]:
 
 def run_warmup(cfg: PipelineConfig, io: StageIO, section: SFTStageConfig) -> dict[str, Any]:
     """SFT ``<init_from>/model`` on the accepted trajectories per ``section``; writes ``io.output('model')``."""
+    records = read_shards(io.input("reject_filter/accepted"))
+    return train_warmup(cfg, io, section, records, cfg.schema_name)
+
+
+def train_warmup(
+    cfg: PipelineConfig, io: StageIO, section: SFTStageConfig, records: list[dict[str, Any]], schema_name: str
+) -> dict[str, Any]:
+    """SFT ``<init_from>/model`` on trajectory ``records`` (``{problem, response, ...}``) of ``schema_name``
+    per ``section`` (its mode and prompt style): the body of the warmups and of ``pr1_coldstart``."""
     from components.models.loading import load_model, resolve_device, save_model
     from components.models.tags import add_tag_tokens
     from components.parallel import TagIds
@@ -38,18 +47,17 @@ def run_warmup(cfg: PipelineConfig, io: StageIO, section: SFTStageConfig) -> dic
     from components.training.sft_run import train_sft_in_stage_run
 
     ctx = DistContext.from_env(resolve_device(cfg.run))
-    records = read_shards(io.input("reject_filter/accepted"))
     model, tokenizer = load_model(
         io.input(f"{section.init_from}/model"), cfg.models, cfg.run, for_training=True
     )
-    tag_ids = add_tag_tokens(model, tokenizer, cfg.schema_name, cfg.models.pad_embeddings_to_multiple_of)
+    tag_ids = add_tag_tokens(model, tokenizer, schema_name, cfg.models.pad_embeddings_to_multiple_of)
     data = prepare_examples(
         records,
         tokenizer,
         cfg.prompts,
         mode=section.mode,
         prompt_style=section.prompt_style,
-        schema_name=cfg.schema_name,
+        schema_name=schema_name,
         max_length=section.max_length,
     )
     work = Path(io.output("model")).parent / "work"
@@ -62,7 +70,7 @@ def run_warmup(cfg: PipelineConfig, io: StageIO, section: SFTStageConfig) -> dic
             f" (details in {work / 'rejections.jsonl'})"
         )
     settings = SFTSettings.from_stage_config(section, len(data.examples))
-    tags = TagIds.from_tokenizer(tokenizer, cfg.schema_name) if section.mode == "parallel" else None
+    tags = TagIds.from_tokenizer(tokenizer, schema_name) if section.mode == "parallel" else None
     source = EpochSource(data.examples, settings.examples_per_step, section.seed)
     result = train_sft_in_stage_run(
         cfg, io.stage, work, model, source, settings, pad_id=tokenizer.pad_token_id, tags=tags, ctx=ctx

@@ -27,6 +27,7 @@ from components.artifacts import atomic_dir, read_shards, write_json, write_shar
 from components.config import PipelineConfig
 from components.dag import StageIO
 from components.engine.config import RejectFilterConfig
+from components.errors import UserError
 
 REQUIRED_FIELDS: dict[str, type | tuple[type, ...]] = {
     "problem_id": str,
@@ -49,7 +50,7 @@ class ReconciliationError(RuntimeError):
     """The buckets do not add up to the sampled count: a record was lost or counted twice."""
 
 
-class QualityGateError(RuntimeError):
+class QualityGateError(UserError, RuntimeError):
     """The accepted set failed its Great Expectations suite."""
 
 
@@ -221,14 +222,22 @@ def validate_accepted(
 
 
 def run(cfg: PipelineConfig, io: StageIO) -> dict[str, Any]:
+    from components.progress import track
+
     fcfg = cfg.reject_filter
-    records = read_shards(io.input("distill/trajectories"))
-    accepted, quarantined, counts = filter_trajectories(records, fcfg)
-    rates = acceptance_by_difficulty(records, accepted)
-    if accepted:
-        report = validate_accepted(accepted, rates, fcfg)
-    else:
-        report = {"success": False, "checks": [], "acceptance_rate_by_difficulty": rates}
+    with track("reject_filter: reading trajectories", total=3, unit="phases", eta=False) as progress:
+        records = read_shards(io.input("distill/trajectories"))
+        progress.advance(1, description=f"reject_filter: filtering {len(records)} trajectories")
+        accepted, quarantined, counts = filter_trajectories(records, fcfg)
+        rates = acceptance_by_difficulty(records, accepted)
+        progress.advance(
+            1, description=f"reject_filter: validating {len(accepted)} accepted (Great Expectations)"
+        )
+        if accepted:
+            report = validate_accepted(accepted, rates, fcfg)
+        else:
+            report = {"success": False, "checks": [], "acceptance_rate_by_difficulty": rates}
+        progress.advance(1, description="reject_filter", accepted=len(accepted))
     reasons = Counter(reason for q in quarantined for reason in q["reject_reasons"])
     with atomic_dir(io.output("audit")) as audit:
         write_shards(

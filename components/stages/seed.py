@@ -77,8 +77,8 @@ def build_tiny_seed(cfg: PipelineConfig, io: StageIO) -> tuple[Any, Any, dict[st
         "vocab_size": len(tokenizer),
         **result.summary(),
     }
-    if result.wall_time_s > 0 and result.final_step > result.start_step:
-        metrics["steps_per_s"] = round((result.final_step - result.start_step) / result.wall_time_s, 4)
+    if result.wall_time_s > 0 and result.final_step > 0:  # over the whole run, resumed or not
+        metrics["steps_per_s"] = round(result.final_step / result.wall_time_s, 4)
     return model, tokenizer, metrics
 
 

@@ -117,6 +117,22 @@ def boxed_content(text: str) -> str | None:
     return None
 
 
+def labelled_answer(text: str, label: str) -> str | None:
+    """The text after the last ``label`` (``Final Answer:``) up to the end of its line, stripped, or None.
+
+    A label alone on its line takes the next non-blank line (as the grader reads it). Linear: one reverse
+    find and a bounded scan of the lines after it.
+    """
+    i = text.rfind(label)
+    if i < 0:
+        return None
+    rest = text[i + len(label) :]
+    line, _, tail = rest.partition("\n")
+    if line.strip():
+        return line.strip()
+    return next((candidate.strip() for candidate in tail.split("\n", 3)[:3] if candidate.strip()), None)
+
+
 def _squeezed_len(text: str) -> int:
     """Length without any whitespace (the reference scorer strips all whitespace before measuring)."""
     return len("".join(text.split()))
@@ -429,9 +445,11 @@ class _Machine:
         answer_text = self.text_of(*answer) if self.text_of is not None else None
         if answer_text is not None:
             boxed = boxed_content(answer_text)
-            if boxed is None or _is_blank(boxed):
+            label = self.schema.answer_label
+            if (boxed is None or _is_blank(boxed)) and (label is None or not labelled_answer(answer_text, label)):
                 where = "after the last block" if self.blocks else "in the response"
-                self._final("missing_answer", last_end, f"no non-empty \\boxed{{}} {where}")
+                form = "\\boxed{}" if label is None else f"{label!r} line or \\boxed{{}}"
+                self._final("missing_answer", last_end, f"no non-empty {form} {where}")
         self.violations.sort(key=lambda v: v.position)
         if self.strict:
             for v in self.violations:

@@ -18,6 +18,11 @@ positioned after (``</guideline>``, ``</Goal>``; ``<Parallel>`` when there is no
 the first token after the steps that sees them all (``<takeaway>``, ``<Conclusion>``; ``</Parallel>``).
 Nesting (a block inside a step) is allowed only where ``max_depth > 1`` (Multiverse; its engine refuses to
 fork deeper than 5). Multiverse's ``<Think>`` wrapper is not part of the schema: our prompts never ask for it.
+
+How a native parallel engine decodes a schema is data too (``ForkRule``, read by
+``components.engine.controller``): which tag the main stream emits to ask for a fork, how many branches
+there are and what each is forced to start with, the tag that closes a branch, and what is forced into the
+main stream once every branch has closed. A schema without a rule decodes sequentially only.
 """
 
 from __future__ import annotations
@@ -50,12 +55,40 @@ class TagPair:
 
 
 @dataclass(frozen=True)
+class ForkRule:
+    """Where the engine forks a block into concurrent branches and merges them, by tag role.
+
+    trigger: the main stream emitting this tag asks for a fork (NPR: ``</guideline>``; Parallel-R1:
+        ``<Parallel>``). The fork is admitted or refused (with a reason) by the controller.
+    branches: ``None`` = one branch per plan of the block's goal, labelled with the plan's label (NPR,
+        Multiverse); an int = that many unlabelled branches (Parallel-R1's paths).
+    branch_open: forced at the start of every branch, followed by ``"<label>:"`` for labelled branches.
+    branch_close: a branch ends when it emits this tag.
+    merge: forced into the main stream once every branch has closed (NPR: ``<takeaway>``); empty = the main
+        stream samples the merge tag itself (Parallel-R1 decodes ``</Parallel><Summary>``). Either way the
+        first token after the branches is predicted from the last branch's last token, at
+        anchor + longest + 1 (``components.structure.attention``).
+    """
+
+    trigger: Role
+    branch_open: Role
+    branch_close: Role
+    merge: tuple[Role, ...] = ()
+    branches: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.branches is not None and self.branches < 1:
+            raise ValueError("ForkRule.branches must be None (one per plan) or >= 1")
+
+
+@dataclass(frozen=True)
 class Schema:
     """One parallel-reasoning format, as data.
 
-    ``min_*_chars`` are the content lengths (whitespace removed) below which the format score penalises an
-    element; ``labelled`` schemas require plans and steps to start with ``N:`` (``1:``, ``2.1:``) and steps
-    to repeat the plan labels in order; ``min_steps`` applies to schemas without plans (with plans, the
+    ``answer_label``: the schema's final-answer convention (see the field); the parser checks it and the
+    grader reads the labelled line as an explicit answer. ``min_*_chars`` are the content lengths
+    (whitespace removed) below which the format score penalises an element; ``labelled`` schemas require
+    plans and steps to start with ``N:`` (``1:``, ``2.1:``) and steps to repeat the plan labels in order; ``min_steps`` applies to schemas without plans (with plans, the
     number of steps must equal the number of plans).
     """
 
@@ -72,6 +105,10 @@ class Schema:
     min_plan_chars: int = 3
     min_step_chars: int = 6
     min_summary_chars: int = 6
+    fork: ForkRule | None = None
+    # How the final answer is written after the last block: None = a boxed answer (NPR, Multiverse); a
+    # label = a line starting with it (Parallel-R1: "Final Answer: 42"), a boxed answer still counting.
+    answer_label: str | None = None
     role_of: dict[str, Role] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -83,6 +120,8 @@ class Schema:
             raise ValueError(f"schema {self.name}: summary_after_block needs a block tag")
         if self.max_depth < 1:
             raise ValueError(f"schema {self.name}: max_depth must be >= 1")
+        if self.fork is not None and self.fork.branches is None and self.plan is None:
+            raise ValueError(f"schema {self.name}: a fork with one branch per plan needs plan tags")
         roles: dict[str, Role] = {}
         pairs = [
             (self.block, Role.BLOCK_OPEN, Role.BLOCK_CLOSE),
@@ -138,6 +177,14 @@ NPR = Schema(
     plan=TagPair("<plan>", "</plan>"),
     step=TagPair("<step>", "</step>"),
     summary=TagPair("<takeaway>", "</takeaway>"),
+    # NPR's engine (npr-reference.md §1.9): fork at </guideline> into one branch per plan, each forced to
+    # start with <step> + its label and closed by </step>; the merge forces <takeaway>.
+    fork=ForkRule(
+        trigger=Role.GOAL_CLOSE,
+        branch_open=Role.STEP_OPEN,
+        branch_close=Role.STEP_CLOSE,
+        merge=(Role.SUMMARY_OPEN,),
+    ),
 )
 
 MULTIVERSE = Schema(
@@ -158,6 +205,20 @@ PARALLEL_R1 = Schema(
     summary_after_block=True,
     labelled=False,
     min_steps=2,
+    # Parallel-R1's convention (npr-reference.md §3.2): the response ends with a "Final Answer:" line.
+    answer_label="Final Answer:",
+    # Parallel-R1's rollout loop (npr-reference.md §3.3): the main stream stops at <Parallel>, a fixed number
+    # of paths (2 in the paper; GenerationConfig.paths overrides it) are decoded independently, each forced
+    # to start with <Path> and closed by </Path>, then </Parallel><Summary> is forced into the main stream,
+    # which decodes the summary and goes on. Forcing the merge (their loop appends "</Parallel>\n<Summary>")
+    # keeps a third, sequential <Path> out of a block whose paths the trainer masks as siblings.
+    fork=ForkRule(
+        trigger=Role.BLOCK_OPEN,
+        branch_open=Role.STEP_OPEN,
+        branch_close=Role.STEP_CLOSE,
+        merge=(Role.BLOCK_CLOSE, Role.SUMMARY_OPEN),
+        branches=2,
+    ),
 )
 
 SCHEMAS: dict[str, Schema] = {s.name: s for s in (NPR, MULTIVERSE, PARALLEL_R1)}

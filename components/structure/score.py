@@ -16,7 +16,7 @@ nested_block            -1.0     each       a block opened inside a step where t
 misplaced_tag           -0.4     each       a tag inside a block where the grammar does not allow it
 unclosed_block          -1.0     once       a block still open at the end of the response
 tag_in_tail             -1.0     once       a tag after the last complete block
-missing_answer          -1.0     once       no non-empty ``\\boxed{}`` after the last block
+missing_answer          -1.0     once       no non-empty ``\\boxed{}`` (or schema answer line) after the last block
 goal_text               -0.4     per block  text in the goal that is not inside a plan
 plans_not_adjacent      -0.2     per block  text between two plans
 steps_not_adjacent      -0.2     per block  text between goal, steps and summary

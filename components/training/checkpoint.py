@@ -3,7 +3,9 @@
 A checkpoint is a directory ``<work_dir>/checkpoint-<step:08d>/`` holding
 
 - ``model.safetensors``: the weights (``safetensors.torch.save_model``, which stores tied tensors once);
-- ``optimizer.pt`` and ``scheduler.pt``: their ``state_dict``s (loaded with ``weights_only=True``);
+- ``optimizer.pt`` and ``scheduler.pt``: their ``state_dict``s (loaded with ``weights_only=True``); for a bf16
+  model the optimizer's state holds the fp32 master weights (``components.training.precision``), so a resumed
+  run continues from the exact fp32 values, not from their bf16 rounding;
 - ``rng.pt``: torch CPU (and CUDA, when present) generator states; ``state.json``: step, the Python
   ``random`` state and whatever the trainer adds (metrics history, sample counts).
 
@@ -46,6 +48,14 @@ class TrainingState:
 
 def checkpoint_dir(work_dir: Path, step: int) -> Path:
     return Path(work_dir) / f"checkpoint-{step:08d}"
+
+
+def checkpoint_step(path: Path) -> int:
+    """The training step a checkpoint directory holds (from its name)."""
+    match = CHECKPOINT_RE.match(Path(path).name)
+    if match is None:
+        raise ValueError(f"{path} is not a checkpoint directory (checkpoint-<step:08d>)")
+    return int(match.group(1))
 
 
 def list_checkpoints(work_dir: Path) -> list[Path]:
@@ -146,6 +156,7 @@ def load_checkpoint(
         load_full_state(model, optimizer, model_state, optim_state)
     else:
         device = next(model.parameters()).device
+        _check_same_precision(path, model)
         missing_keys, unexpected = load_model(
             model, str(path / "model.safetensors"), strict=True, device=str(device)
         )
@@ -164,6 +175,22 @@ def load_checkpoint(
         torch.cuda.set_rng_state_all(rng["cuda"])
     random.setstate(_python_state_from_json(payload["python_random"]))
     return TrainingState(step=int(payload["step"]), extra=payload.get("extra", {}))
+
+
+def _check_same_precision(path: Path, model: torch.nn.Module) -> None:
+    """A resume continues in the precision it was written in: loading bf16 weights into an fp32 model (or
+    the reverse) would silently round them or leave the optimizer without its fp32 master weights."""
+    from safetensors import safe_open
+
+    names = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64}
+    with safe_open(str(path / "model.safetensors"), framework="pt") as f:
+        saved = {k: names.get(f.get_slice(k).get_dtype()) for k in f.keys()}  # noqa: SIM118
+    for name, param in model.named_parameters():
+        if name in saved and saved[name] is not None and saved[name] != param.dtype:
+            raise ValueError(
+                f"checkpoint {path} holds {name} in {saved[name]} but the model is in {param.dtype}: "
+                "resume with the run.dtype it was written with"
+            )
 
 
 def _tied_head(model: torch.nn.Module) -> bool:

@@ -90,17 +90,32 @@ def torchrun_argv(nproc_per_node: int, argv: list[str]) -> list[str] | None:
 
 
 def shard_model(model: torch.nn.Module, ctx: DistContext) -> torch.nn.Module:
-    """FSDP-shard ``model`` in place: each decoder layer, then the root (embeddings, norm, head)."""
+    """FSDP-shard ``model`` in place: each decoder layer, then the root (embeddings, norm, head).
+
+    A bf16 model is sharded as fp32 master weights with bf16 compute (FSDP's ``MixedPrecisionPolicy``:
+    parameters gathered in bf16, gradients reduced in fp32), so the optimizer steps fp32 shards; the
+    compute dtype is kept in ``model.npr_compute_dtype`` and ``full_model_state`` returns weights in it.
+    """
     if not ctx.active:
         return model
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from components.training.precision import LOW_PRECISION
+    from components.training.token_logprobs import register_fsdp_method
 
     layers = getattr(getattr(model, "model", None), "layers", None)
     if layers is None:
         raise ValueError(f"{type(model).__name__} has no .model.layers to shard (expected a HF decoder LM)")
+    compute = next(model.parameters()).dtype
+    kwargs: dict[str, Any] = {}
+    if compute in LOW_PRECISION:
+        model.to(torch.float32)
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
+    model.npr_compute_dtype = compute
     for layer in layers:
-        fully_shard(layer)
-    fully_shard(model)
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
+    register_fsdp_method(model)  # the trainers' chunked scorer runs inside the root's forward hooks
     return model
 
 
@@ -111,7 +126,8 @@ def _options(**kwargs: Any) -> Any:
 
 
 def full_model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Unsharded model state dict on rank 0 (empty elsewhere); collective call. For saving the final model.
+    """Unsharded model state dict on rank 0 (empty elsewhere); collective call. For saving the final model,
+    in the model's compute dtype (bf16 for a mixed-precision run, whose shards are fp32 masters).
 
     A tied output head is left out, as ``save_pretrained`` leaves it out of an unsharded model (gathered,
     the two names hold separate copies, which it would otherwise write twice).
@@ -121,6 +137,9 @@ def full_model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     state = get_model_state_dict(model, options=_options())
     if getattr(getattr(model, "config", None), "tie_word_embeddings", False):
         state.pop("lm_head.weight", None)
+    compute = getattr(model, "npr_compute_dtype", None)
+    if compute is not None:  # fp32 masters of a bf16 run: the model is written in its compute dtype
+        state = {k: v.to(compute) if v.is_floating_point() else v for k, v in state.items()}
     return state
 
 

@@ -11,6 +11,15 @@ Importing this module registers, through verl's own registries:
   standard deviation of the whole batch's rewards, computed once. The public NPR code recomputes that std
   inside its loop over a partly normalised vector (npr-reference.md §1.7); this is the clean form.
 
+The re-prefill correction (``post_merge_mask``, ``post_merge_is_weights``). A backend that cannot merge
+branches into one KV cache (a stock SGLang server, verl's ``server_manager``) continues after a block by
+re-prefilling ``prefix + branch_1 + ... + branch_k``: later branches then see earlier ones at sequential
+positions, so every token from the first merge of a multi-branch block on was sampled from a context the
+trainer (canonical mask and positions) does not reproduce. Those tokens get verl's token-level truncated
+importance weight ``min(exp(sg(logπ) - logπ_rollout), C)`` (TIS, ``rollout_is_threshold`` = C) as
+``rollout_is_weights`` of the loss; tokens before that merge (the plans and the first block's branches)
+were sampled exactly and keep weight 1. Their log-prob mismatch is reported separately (it should be ~0).
+
 On verl GPU runs the module is imported in every Ray worker through ``VERL_USE_EXTERNAL_MODULES`` and
 ``actor_rollout_ref.model.external_lib`` (see ``components.training.verl_launch``). The local trainer
 (``components.training.rl``) calls the same registered functions.
@@ -19,6 +28,7 @@ On verl GPU runs the module is imported in every Ray worker through ``VERL_USE_E
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -93,7 +103,7 @@ def compute_policy_loss_papo(
 
     Args:
         old_log_prob: ``(bs, response_length)``; not used by the objective (strict on-policy: there is no
-            old-policy pass), only to report ``actor/ppo_kl`` when the caller supplies one.
+            old-policy pass), only to report ``actor/ppo_kl`` over its finite entries.
         log_prob: ``(bs, response_length)`` log-probabilities under the current policy (with grad).
         advantages: ``(bs, response_length)``.
         response_mask: ``(bs, response_length)``.
@@ -111,7 +121,11 @@ def compute_policy_loss_papo(
     batch_info = dict(getattr(config, "global_batch_info", None) or {}) if config is not None else {}
     loss = agg_loss(loss_mat=pg_losses, loss_mask=response_mask, loss_agg_mode=loss_agg_mode, **batch_info)
     with torch.no_grad():
-        ppo_kl = verl_F.masked_mean(old_log_prob - log_prob, response_mask)
+        # old log-probs are the rollout's in verl's bypass mode: NaN for tokens a server forced into a
+        # prompt and could not score (components.engine.async_driver); they carry no KL information
+        known = torch.isfinite(old_log_prob)
+        diff = torch.where(known, old_log_prob - log_prob, torch.zeros_like(log_prob))
+        ppo_kl = verl_F.masked_mean(diff, response_mask * known)
     metrics = {"actor/pg_clipfrac": 0.0, "actor/ppo_kl": ppo_kl.item(), "actor/pg_clipfrac_lower": 0.0}
     return loss, metrics
 
@@ -130,6 +144,97 @@ def _register() -> None:
         ADV_ESTIMATOR_REGISTRY[PAPO_NAME] = compute_papo_advantage  # same plugin re-imported
     else:
         register_adv_est(PAPO_NAME)(compute_papo_advantage)
+
+
+def post_merge_mask(input_ids: Sequence[int] | Any, tags: Any, start: int) -> np.ndarray:
+    """bool ``[L - start]``: True for response tokens from the first merge of a multi-branch block on.
+
+    Args:
+        input_ids: ``prompt + response`` ids of one sample (list, numpy array or 1-D tensor).
+        tags: the schema's ``components.structure.TagIds``.
+        start: the response's first index (the prompt length).
+
+    The merge tag itself (``<takeaway>``) is included: it is predicted from the merged context. A block with
+    one step merges exactly (its step sees what a sequential decoder sees, at the same positions), so only
+    blocks with two or more steps count. Raises ``StructureError`` for a malformed response, as the mask
+    builder does (filter first).
+    """
+    from components.structure import parse_ids
+
+    ids = np.asarray(input_ids.tolist() if hasattr(input_ids, "tolist") else input_ids, dtype=np.int64)
+    trace = parse_ids(ids, tags, start=start, strict=True, check_content=False)
+    out = np.zeros(int(ids.size) - start, dtype=bool)
+    merges = [blk.merge for blk in trace.all_blocks() if blk.branches >= 2]
+    if merges:
+        out[min(merges) - start :] = True
+    return out
+
+
+def post_merge_is_weights(
+    log_prob: torch.Tensor,
+    rollout_log_prob: torch.Tensor,
+    response_mask: torch.Tensor,
+    post_merge: torch.Tensor,
+    threshold: float,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Truncated importance weights on post-merge tokens, and the rollout/trainer mismatch per token class.
+
+    Args:
+        log_prob: ``(bs, R)`` trainer log-probs (the canonical parallel forward; detached here).
+        rollout_log_prob: ``(bs, R)`` log-probs the rollout engine sampled the tokens with.
+        response_mask: ``(bs, R)`` 1 on response tokens.
+        post_merge: ``(bs, R)`` bool, True on tokens sampled after a re-prefilled merge (``post_merge_mask``).
+        threshold: C, the truncation of the weight (verl's ``rollout_is_threshold``; >= 1).
+
+    Returns:
+        ``weights`` ``(bs, R)``: ``min(exp(log_prob - rollout_log_prob), C)`` on post-merge response tokens,
+        1 elsewhere (a non-finite rollout log-prob also gets 1 and is counted); and metrics: the mean and
+        max |Δlogp| of pre-merge tokens (exact by construction, ~0) and of post-merge tokens (mean and p99),
+        the mean weight, the fraction truncated at C, and the share of post-merge tokens.
+    """
+    if threshold < 1.0:
+        raise ValueError(f"the truncation threshold C must be >= 1, got {threshold}")
+    with torch.no_grad():
+        lp = log_prob.detach().float()
+        rollout = rollout_log_prob.detach().float().to(lp.device)
+        valid = response_mask.to(lp.device).bool()
+        merged = post_merge.to(lp.device).bool() & valid
+        finite = torch.isfinite(rollout)
+        delta = torch.where(finite, lp - rollout, torch.zeros_like(lp))
+        raw = torch.exp(delta.clamp(max=20.0))
+        weights = torch.where(merged & finite, raw.clamp(max=threshold), torch.ones_like(lp))
+        pre = valid & ~merged & finite
+        post = merged & finite
+        abs_delta = delta.abs()
+        metrics: dict[str, float] = {
+            "rollout_corr/pre_merge_abs_logp_diff_mean": _masked_mean(abs_delta, pre),
+            "rollout_corr/pre_merge_abs_logp_diff_max": _masked_max(abs_delta, pre),
+            "rollout_corr/post_merge_abs_logp_diff_mean": _masked_mean(abs_delta, post),
+            "rollout_corr/post_merge_abs_logp_diff_p99": _masked_quantile(abs_delta, post, 0.99),
+            "rollout_corr/post_merge_is_weight_mean": _masked_mean(weights, post),
+            "rollout_corr/post_merge_is_truncated_frac": _masked_mean((raw > threshold).float(), post),
+            "rollout_corr/post_merge_token_frac": float(merged.sum()) / max(1, int(valid.sum())),
+            "rollout_corr/nonfinite_rollout_logp": float((valid & ~finite).sum()),
+        }
+    return weights, metrics
+
+
+def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
+    n = int(mask.sum())
+    return float(values[mask].sum()) / n if n else 0.0
+
+
+def _masked_max(values: torch.Tensor, mask: torch.Tensor) -> float:
+    return float(values[mask].max()) if bool(mask.any()) else 0.0
+
+
+def _masked_quantile(values: torch.Tensor, mask: torch.Tensor, q: float) -> float:
+    # kthvalue, not torch.quantile: quantile refuses inputs of more than 2**24 elements
+    picked = values[mask]
+    if picked.numel() == 0:
+        return 0.0
+    k = min(picked.numel(), max(1, int(np.ceil(q * picked.numel()))))
+    return float(picked.kthvalue(k).values)
 
 
 _register()

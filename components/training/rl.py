@@ -22,14 +22,24 @@ One training step:
 Around it: held-out evaluation (``eval_every``; also before training so the gain over the starting model
 is measured) with ``components.grading.judge_many``/``summarize``; checkpoints in the stage's work dir
 every ``save_every`` steps and resume from the newest one; per-step metrics appended to
-``<work_dir>/metrics.jsonl`` and logged to W&B through ``components.tracking`` (one run per stage).
+``<work_dir>/metrics.jsonl`` and logged to W&B through ``components.tracking`` (one run per stage); each
+filtered rollout's reason in full to ``<work_dir>/rollout_rejections.jsonl`` (metrics count categories).
+
+Resume: a checkpoint carries, besides the weights, optimizer, scheduler and RNG states, everything the run
+has logged so far (``records``: the pre-training eval and every step's metrics) and the data cursor. A
+resumed run restores them, rewrites ``metrics.jsonl`` from them (so a step logged after the last checkpoint
+and replayed is there once) and reports totals over the whole run, exactly what an uninterrupted run
+reports; a stage rerun after it finished (``dvc repro -f``) trains nothing and reports the recorded run.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
+import os
 import random
+import subprocess
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -43,25 +53,34 @@ from components.engine import GenerationConfig, generate
 from components.grading.judge import judge_many, summarize
 from components.grading.rewards import score_many
 from components.parallel import TagIds, parse_text, trace_metrics
+from components.progress import track
 from components.prompts import render_prompt
 from components.training.checkpoint import TrainingState, latest_checkpoint, load_checkpoint, save_checkpoint
 from components.training.dapo import DynamicSampler, DynamicSamplingStats, overlong_penalty
+from components.training.papo import post_merge_is_weights, post_merge_mask
+from components.training.precision import build_adamw, stepped_parameters
 from components.training.rl_batch import (
     Rollout,
     build_policy_batch,
     length_sorted_micro_batches,
     response_log_probs,
     response_mask_of,
-    structural_rejection,
+    structural_violation,
 )
 from components.training.rl_objective import actor_config, compute_advantages, compute_policy_loss
 
 Group = list[Rollout]
+log = logging.getLogger(__name__)
+METRICS_LOG = "metrics.jsonl"
+# Filtered rollouts with the parser's full message, one JSON line each, in the stage's work dir; metric
+# names carry only the reason's category (``rollout/rejected/<code>``), a fixed set.
+REJECTIONS_LOG = "rollout_rejections.jsonl"
 
 
 @dataclass
 class RLRunResult:
-    """What a run returns to its stage: final metrics, the eval history and the per-step log."""
+    """What a run returns to its stage: final metrics (over the whole run, resumed or not), the eval history
+    and the per-step metrics of the steps this call trained."""
 
     metrics: dict[str, Any]
     history: list[dict[str, Any]] = field(default_factory=list)
@@ -96,8 +115,18 @@ class RLTrainer:
         eval_problems: list[dict[str, Any]],
         work_dir: Path,
         tracker: Any | None = None,
+        *,
+        stage_cfg: Any | None = None,
+        schema: str | None = None,
+        generation: dict[str, Any] | None = None,
     ) -> None:
-        self.stage, self.cfg, self.sc = stage, cfg, getattr(cfg, stage)
+        # stage_cfg: the stage's section (default: getattr(cfg, stage)); schema: the structure schema of its
+        # traces (default: the pipeline's schema_name; pr1_rl: parallel_r1); generation: extra GenerationConfig
+        # fields of its rollouts and evaluations (Parallel-R1's paths per block).
+        self.stage, self.cfg = stage, cfg
+        self.sc = stage_cfg if stage_cfg is not None else getattr(cfg, stage)
+        self.schema = schema or cfg.schema_name
+        self.generation = dict(generation or {})
         self.model, self.tokenizer = model, tokenizer
         if not train_problems:
             raise ValueError(f"{stage}: no training problems")
@@ -111,14 +140,12 @@ class RLTrainer:
             # the 4D mask only exists for well-formed traces: malformed parallel rollouts must be filtered
             raise ValueError(f"{stage}: engine_mode 'parallel' needs structural_filter: true")
         needs_tags = self.sc.engine_mode == "parallel" or self.sc.structural_filter
-        self.tags = TagIds.from_tokenizer(tokenizer, cfg.schema_name) if needs_tags else None
+        self.tags = TagIds.from_tokenizer(tokenizer, self.schema) if needs_tags else None
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.actor_cfg = actor_config(self.sc)
-        self.optimizer = torch.optim.AdamW(
-            model.parameters(),
-            lr=self.sc.lr,
-            betas=tuple(self.sc.adam_betas),
-            weight_decay=self.sc.weight_decay,
+        # fp32 master weights and AdamW state when the model is bf16 (components.training.precision)
+        self.optimizer = build_adamw(
+            model, lr=self.sc.lr, betas=tuple(self.sc.adam_betas), weight_decay=self.sc.weight_decay
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(self.sc))
         self.order = list(range(len(self.train_problems)))
@@ -126,7 +153,14 @@ class RLTrainer:
         self.cursor = 0  # position in `order` of the next training problem (saved with checkpoints)
         self.step = 0
         self.evals: list[dict[str, Any]] = []
+        # every record logged so far (metrics.jsonl lines): saved with checkpoints, restored on resume
+        self.records: list[dict[str, Any]] = []
+        self.resumed_from_step = 0
         self.tracker = tracker  # a components.tracking.StageRun, or None
+        # rollouts filtered out in the current step, with the parser's message (-> rollout_rejections.jsonl)
+        self.rejections: list[dict[str, Any]] = []
+        # which process wrote a record: a resumed run replays the steps after its checkpoint
+        self.segment = f"{time.time_ns():x}"
 
     # ----------------------------------------------------------------------------------- generation
     def _gen_cfg(self, mode: str, temperature: float, top_p: float, seed: int) -> GenerationConfig:
@@ -138,6 +172,8 @@ class RLTrainer:
             batch_size=max(1, self.sc.prompts_per_step * self.sc.group_size),
             step_repetition_penalty=1.0,
             seed=seed,
+            merge_mode=self.sc.merge_mode,
+            **self.generation,
         )
 
     def _prompt(self, problem: dict[str, Any]) -> str:
@@ -169,7 +205,15 @@ class RLTrainer:
         counters["rollout_time_s"] += time.perf_counter() - start
         golds = [str(p["answer"]) for p in problems for _ in range(self.sc.group_size)]
         results = score_many(
-            self.sc.reward, [g.text for g in gens], golds, self.cfg.schema_name, self.cfg.grading
+            self.sc.reward,
+            [g.text for g in gens],
+            golds,
+            self.schema,
+            self.cfg.grading,
+            # A rollout cut off by the token budget has no answer, so no correct-answer reward.
+            finish_reasons=[g.finish_reason for g in gens],
+            # scheduled rewards (Parallel-R1's alternating one) read the 1-based step being trained
+            step=self.step + 1,
         )
 
         rollouts: list[Rollout] = []
@@ -190,7 +234,13 @@ class RLTrainer:
                     correct=res.correct,
                     valid=res.valid,
                     format_score=res.format_score,
-                    extra={"filtered_by_reward": res.filtered},
+                    extra={
+                        "filtered_by_reward": res.filtered,
+                        # what PAPO's post-merge correction reads (rollout_correction): the log-probs the
+                        # tokens were sampled with, and whether the merges were re-prefilled
+                        "rollout_logprobs": list(gen.logprobs) + ([gen.stop_logprob] if stop else []),
+                        "merge_mode": gen.merge_mode,
+                    },
                 )
             )
             counters["generated_tokens"] += len(gen.token_ids)
@@ -214,18 +264,24 @@ class RLTrainer:
 
         kept: list[Rollout] = []
         for r in rollouts:
-            reason = None
+            # reason: a category from a fixed set (metric names); detail: free text for the records only
+            reason, detail = None, ""
             if not r.response_ids:
                 reason = "empty_response"
             elif self.sc.structural_filter:
-                reason = structural_rejection(r, self.tags)
-                if reason is None and r.extra["filtered_by_reward"]:
+                violation = structural_violation(r, self.tags)
+                if violation is not None:
+                    reason, detail = violation.code, str(violation)
+                elif r.extra["filtered_by_reward"]:
                     reason = "reward_filtered"
             if reason is None:
                 kept.append(r)
             else:
                 counters["structurally_rejected"] += 1
                 counters[f"rejected/{reason}"] += 1
+                self.rejections.append(
+                    {"group_id": r.group_id, "problem_id": r.problem_id, "reason": reason, "detail": detail}
+                )
         groups: dict[str, Group] = {}
         for r in kept:
             groups.setdefault(r.group_id, []).append(r)
@@ -241,6 +297,9 @@ class RLTrainer:
         rollouts = [r for g in groups for r in g]
         self.model.train()
         start = time.perf_counter()
+        # Every tensor of the step lives on the model's device; statistics stay there as tensors until the
+        # step is done (one host sync per step, not one per micro-batch).
+        device = next(self.model.parameters()).device
         rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float32)
         uids = [r.group_id for r in rollouts]
         parallel_tags = self.tags if self.sc.engine_mode == "parallel" else None
@@ -248,7 +307,7 @@ class RLTrainer:
         response_mask = response_mask_of(rollouts)
         advantages = compute_advantages(
             self.sc.algorithm, rewards, response_mask, uids, self.sc.norm_adv_by_std
-        )
+        ).to(device)
 
         chunks = [
             c
@@ -268,9 +327,13 @@ class RLTrainer:
                 for k, micros in enumerate(micro_of):
                     for m, idx in enumerate(micros):
                         batch = build_policy_batch([rollouts[i] for i in idx], self.pad_id, parallel_tags)
-                        old_log_probs[k, m], _ = response_log_probs(self.model, batch, self.sc.temperature)
+                        old_log_probs[k, m], _ = response_log_probs(
+                            self.model, batch.to(device), self.sc.temperature
+                        )
 
-        stats: dict[str, list[float]] = {"loss": [], "grad_norm": [], "entropy": [], "clipfrac": [], "kl": []}
+        stats: dict[str, list[torch.Tensor]] = {
+            k: [] for k in ("loss", "grad_norm", "entropy", "clipfrac", "kl")
+        }
         for k, micros in enumerate(micro_of):
             idx_all = [i for idx in micros for i in idx]
             n_tokens = sum(len(rollouts[i].response_ids) for i in idx_all)
@@ -281,50 +344,88 @@ class RLTrainer:
                 dp_size=1, batch_num_tokens=n_tokens, global_batch_size=len(idx_all)
             )
             self.optimizer.zero_grad(set_to_none=True)
-            loss_sum, entropy_sum, clip_sum, kl_sum = 0.0, 0.0, 0.0, 0.0
+            sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, entropy, clipfrac, kl
             for m, idx in enumerate(micros):
-                batch = build_policy_batch([rollouts[i] for i in idx], self.pad_id, parallel_tags)
+                batch = build_policy_batch([rollouts[i] for i in idx], self.pad_id, parallel_tags).to(device)
                 log_prob, entropy = response_log_probs(
                     self.model, batch, self.sc.temperature, with_entropy=True
                 )
                 old = old_log_probs.get((k, m), log_prob.detach())
                 adv = advantages[idx][:, : log_prob.shape[1]]
+                weights = self._post_merge_weights([rollouts[i] for i in idx], log_prob, batch, counters)
                 loss, loss_metrics = compute_policy_loss(
-                    self.sc.algorithm, old, log_prob, adv, batch.response_mask, self.actor_cfg
+                    self.sc.algorithm, old, log_prob, adv, batch.response_mask, self.actor_cfg, weights
                 )
                 loss.backward()
-                share = float(batch.response_mask.sum()) / n_tokens
-                loss_sum += loss.item()
+                share = batch.response_mask.sum().double() / n_tokens
                 assert entropy is not None
-                entropy_sum += float((entropy * batch.response_mask).sum()) / n_tokens
-                clip_sum += share * float(loss_metrics.get("actor/pg_clipfrac", 0.0))
-                kl_sum += share * float(loss_metrics.get("actor/ppo_kl", 0.0))
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.sc.grad_clip)
+                sums += torch.stack(
+                    [
+                        loss.detach().double(),
+                        (entropy * batch.response_mask).sum().double() / n_tokens,
+                        share * float(loss_metrics.get("actor/pg_clipfrac", 0.0)),
+                        share * float(loss_metrics.get("actor/ppo_kl", 0.0)),
+                    ]
+                )
+            grad_norm = torch.nn.utils.clip_grad_norm_(
+                stepped_parameters(self.model, self.optimizer), self.sc.grad_clip
+            )
             if torch.isfinite(grad_norm):
                 self.optimizer.step()
             else:
                 counters["skipped_nonfinite_grad"] += 1
-            stats["loss"].append(loss_sum)
-            stats["grad_norm"].append(float(grad_norm))
-            stats["entropy"].append(entropy_sum)
-            stats["clipfrac"].append(clip_sum)
-            stats["kl"].append(kl_sum)
+            for key, value in zip(("loss", "entropy", "clipfrac", "kl"), sums, strict=True):
+                stats[key].append(value)
+            stats["grad_norm"].append(grad_norm.detach().double())
         self.scheduler.step()
+        means = {key: float(torch.stack(values).mean()) for key, values in stats.items()}
         counters["update_time_s"] += time.perf_counter() - start
         counters["trained_tokens"] += int(response_mask.sum())
         return {
-            "actor/pg_loss": float(np.mean(stats["loss"])),
-            "actor/grad_norm": float(np.mean(stats["grad_norm"])),
-            "actor/entropy": float(np.mean(stats["entropy"])),
-            "actor/pg_clipfrac": float(np.mean(stats["clipfrac"])),
-            "actor/ppo_kl": float(np.mean(stats["kl"])),
+            "actor/pg_loss": means["loss"],
+            "actor/grad_norm": means["grad_norm"],
+            "actor/entropy": means["entropy"],
+            "actor/pg_clipfrac": means["clipfrac"],
+            "actor/ppo_kl": means["kl"],
             "actor/lr": float(self.scheduler.get_last_lr()[0]),
             "actor/optimizer_steps": float(len(micro_of)),
         }
 
+    def _post_merge_weights(
+        self, rollouts: list[Rollout], log_prob: torch.Tensor, batch: Any, counters: Counter
+    ) -> torch.Tensor | None:
+        """PAPO's truncated importance weights on tokens sampled after a re-prefilled merge
+        (``papo.post_merge_is_weights``), or None when no rollout of the micro-batch needs them.
+
+        Rollouts merged in the shared KV (the torch engine's default) are exact and never reweighted; the
+        mismatch metrics of the reweighted ones are summed into ``counters`` (means in the step metrics).
+        """
+        rc = self.sc.rollout_correction
+        if self.sc.algorithm != "papo" or not rc.post_merge_is or self.tags is None:
+            return None
+        reprefilled = [r.extra.get("merge_mode") == "reprefill" for r in rollouts]
+        if not any(reprefilled):
+            return None
+        rollout_lp = torch.full_like(log_prob, float("nan"))
+        merged = torch.zeros(log_prob.shape, dtype=torch.bool, device=log_prob.device)
+        for b, (r, redo) in enumerate(zip(rollouts, reprefilled, strict=True)):
+            if not redo:
+                continue
+            lps = torch.tensor(r.extra["rollout_logprobs"], dtype=torch.float32)
+            rollout_lp[b, : lps.numel()] = lps.to(log_prob.device)
+            mask = post_merge_mask(r.prompt_ids + r.response_ids, self.tags, len(r.prompt_ids))
+            merged[b, : mask.size] = torch.from_numpy(mask).to(log_prob.device)
+        weights, metrics = post_merge_is_weights(
+            log_prob, rollout_lp, batch.response_mask, merged, rc.is_threshold
+        )
+        counters["rollout_corr/micro_batches"] += 1
+        for key, value in metrics.items():
+            counters[key] += value
+        return weights
+
     # ----------------------------------------------------------------------------------- evaluation
     def _is_parallel(self, text: str) -> bool:
-        return trace_metrics(parse_text(text, self.cfg.schema_name)).is_parallel
+        return trace_metrics(parse_text(text, self.schema)).is_parallel
 
     def evaluate(self) -> dict[str, Any]:
         """Held-out metrics of the current policy: ``eval_samples`` samples per problem, the stage's engine
@@ -347,8 +448,10 @@ class RLTrainer:
         judgements = judge_many(
             [g.text for g in gens],
             [str(p["answer"]) for p in problems],
-            self.cfg.schema_name,
+            self.schema,
             self.cfg.grading,
+            purpose="evaluation",
+            finish_reasons=[g.finish_reason for g in gens],
         )
         summary = summarize(judgements)
         return {
@@ -367,18 +470,39 @@ class RLTrainer:
 
     # ----------------------------------------------------------------------------------- checkpoints
     def _save(self) -> None:
-        state = TrainingState(step=self.step, extra={"cursor": self.cursor, "evals": self.evals})
-        save_checkpoint(self.work_dir, state, self.model, self.optimizer, self.scheduler)
+        extra = {"cursor": self.cursor, "evals": self.evals, "records": self.records}
+        save_checkpoint(
+            self.work_dir,
+            TrainingState(step=self.step, extra=extra),
+            self.model,
+            self.optimizer,
+            self.scheduler,
+        )
 
     def _resume(self) -> bool:
         path = latest_checkpoint(self.work_dir)
         if path is None:
             return False
         state = load_checkpoint(path, self.model, self.optimizer, self.scheduler)
-        self.step = state.step
+        self.step = self.resumed_from_step = state.step
         self.cursor = int(state.extra.get("cursor", 0))
         self.evals = list(state.extra.get("evals", []))
+        self.records = list(state.extra.get("records", []))
+        if self.step >= self.sc.steps:
+            log.info(
+                "%s: already trained to step %d (%s): reporting the recorded run", self.stage, self.step, path
+            )
+        else:
+            log.info("%s: resuming from step %d of %d (%s)", self.stage, self.step, self.sc.steps, path)
         return True
+
+    def _rewrite_log(self) -> None:
+        """metrics.jsonl = the restored records: drops what a crashed run logged after its last checkpoint
+        (those steps are trained again) and a line a kill cut in half."""
+        path = self.work_dir / METRICS_LOG
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in self.records), encoding="utf-8")
+        tmp.replace(path)
 
     # ----------------------------------------------------------------------------------- main loop
     def train_step(self) -> dict[str, Any]:
@@ -427,6 +551,15 @@ class RLTrainer:
             "timing_s/update": round(c["update_time_s"], 3),
         }
         out.update(ds.as_metrics("dynamic_sampling"))
+        if c["rollout_corr/micro_batches"]:
+            n_corr = c["rollout_corr/micro_batches"]
+            out.update(
+                {
+                    k: float(v) / n_corr
+                    for k, v in c.items()
+                    if k.startswith("rollout_corr/") and k != "rollout_corr/micro_batches"
+                }
+            )
         out.update({f"rollout/{k}": float(v) for k, v in c.items() if k.startswith("rejected/")})
         if c["steps_without_update"]:
             out["train/steps_without_update"] = float(c["steps_without_update"])
@@ -437,27 +570,41 @@ class RLTrainer:
     def run(self, max_steps: int | None = None) -> RLRunResult:
         """Train to ``steps`` (or stop after ``max_steps`` more, to simulate an interruption in tests)."""
         resumed = self._resume()
+        self._rewrite_log()
+        if self.tracker is not None:  # W&B continues after the checkpoint (what a kill lost is logged again)
+            self.tracker.resume_from(self.step if resumed else -1)
         if not resumed and self.sc.eval_before_train:
             self.evals.append(self.evaluate())
             self._log({"eval": self.evals[-1]})
         history: list[dict[str, Any]] = []
         done = 0
-        while self.step < self.sc.steps and (max_steps is None or done < max_steps):
-            metrics = self.train_step()
-            done += 1
-            if self.step % self.sc.eval_every == 0 or self.step == self.sc.steps:
-                self.evals.append(self.evaluate())
-                metrics["eval"] = self.evals[-1]
-            history.append(metrics)
-            self._log(metrics)
-            if self.step % self.sc.save_every == 0 or self.step == self.sc.steps:
-                self._save()
-        return RLRunResult(metrics=self.summary(history, resumed), history=history, evals=list(self.evals))
+        with track(f"{self.stage} ({self.sc.algorithm})", total=self.sc.steps, unit="steps") as bar:
+            bar.advance(self.step)  # resumed steps
+            while self.step < self.sc.steps and (max_steps is None or done < max_steps):
+                metrics = self.train_step()
+                done += 1
+                if self.step % self.sc.eval_every == 0 or self.step == self.sc.steps:
+                    self.evals.append(self.evaluate())
+                    metrics["eval"] = self.evals[-1]
+                history.append(metrics)
+                self._log(metrics)
+                if self.step % self.sc.save_every == 0 or self.step == self.sc.steps:
+                    self._save()
+                shown = {"reward": metrics.get("reward/mean"), "valid": metrics["rollout/format_valid"]}
+                if self.evals:
+                    shown["eval acc"] = self.evals[-1]["accuracy"]
+                bar.advance(1, **shown)
+        return RLRunResult(metrics=self.summary(), history=history, evals=list(self.evals))
 
-    def summary(self, history: list[dict[str, Any]], resumed: bool) -> dict[str, Any]:
+    def summary(self) -> dict[str, Any]:
         """Stage metrics: the last held-out eval, the one before training and the change (when it was
-        measured: ``eval_before_train``), and run totals."""
-        out: dict[str, Any] = {"steps": self.step, "resumed": resumed, "algorithm": self.sc.algorithm}
+        measured: ``eval_before_train``), and totals over every step of the run (restored ones included)."""
+        history = [r for r in self.records if "train/rollouts_trained" in r]
+        out: dict[str, Any] = {
+            "steps": self.step,
+            "resumed_from_step": self.resumed_from_step,
+            "algorithm": self.sc.algorithm,
+        }
         if self.evals:
             first, last = self.evals[0], self.evals[-1]
             for key in ("format_valid", "accuracy", "correct_and_valid", "parallel_rate"):
@@ -484,8 +631,16 @@ class RLTrainer:
         return out
 
     def _log(self, metrics: dict[str, Any]) -> None:
-        with (self.work_dir / "metrics.jsonl").open("a", encoding="utf-8") as f:
-            f.write(json.dumps({"stage": self.stage, "step": self.step, **metrics}, default=float) + "\n")
+        # a JSON round trip: the record kept for the checkpoint is exactly the line written
+        record = json.loads(json.dumps({"stage": self.stage, "step": self.step, **metrics}, default=float))
+        self.records.append(record)
+        with (self.work_dir / METRICS_LOG).open("a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.rejections:
+            with (self.work_dir / REJECTIONS_LOG).open("a", encoding="utf-8") as f:
+                for rec in self.rejections:
+                    f.write(json.dumps({"step": self.step, "segment": self.segment, **rec}) + "\n")
+            self.rejections = []
         if self.tracker is not None:
             flat = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
             flat.update(
@@ -494,30 +649,54 @@ class RLTrainer:
             self.tracker.log(flat, step=self.step)
 
 
-def run_rl_stage(stage: str, cfg: Any, io: Any) -> dict[str, Any]:
-    """The body of the stages ``npr_zero``, ``papo_rl`` and ``sr_rl``: train, save the model, return metrics.
+def run_rl_stage(
+    stage: str,
+    cfg: Any,
+    io: Any,
+    *,
+    stage_cfg: Any | None = None,
+    schema: str | None = None,
+    generation: dict[str, Any] | None = None,
+    train_problems: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """The body of the RL stages (``npr_zero``, ``papo_rl``, ``sr_rl``, ``pr1_rl``): train, save, return metrics.
 
-    Reads ``<init_from>/model`` and ``sample_orz/problems`` (train split to train on; the held-out evals read
-    the validation split when there is one, else the test split: ``load_tuning_split``);
-    writes ``model`` atomically; checkpoints and the step log live in ``artifacts/<stage>/work``.
+    Reads ``<init_from>/model`` and ``sample_orz/problems`` (train split to train on unless ``train_problems``
+    are given; the held-out evals read the validation split when there is one, else the test split:
+    ``load_tuning_split``); writes ``model`` atomically; checkpoints and the step log live in
+    ``artifacts/<stage>/work``. ``stage_cfg`` / ``schema`` / ``generation``: see ``RLTrainer``.
     """
     from components.artifacts import atomic_dir
     from components.data.problems import load_problems, load_tuning_split
     from components.models.loading import load_model, save_model
     from components.tracking import stage_run
 
-    sc = getattr(cfg, stage)
+    sc = stage_cfg if stage_cfg is not None else getattr(cfg, stage)
     init_dir = io.input(f"{sc.init_from}/model")
     problems_dir = io.input("sample_orz/problems")
     out_dir = io.output("model")
     work_dir = Path(out_dir).parent / "work"
     if sc.backend == "verl":
-        return _run_verl_stage(stage, cfg, init_dir, problems_dir, out_dir, work_dir)
+        return _run_verl_stage(stage, cfg, init_dir, problems_dir, out_dir, work_dir, train_problems)
     model, tokenizer = load_model(init_dir, cfg.models, cfg.run, for_training=True)
-    train, (_, test) = load_problems(problems_dir, "train"), load_tuning_split(problems_dir)
+    train = train_problems if train_problems is not None else load_problems(problems_dir, "train")
+    _, test = load_tuning_split(problems_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
     with stage_run(cfg, stage, work_dir) as tracker:
-        result = RLTrainer(stage, cfg, model, tokenizer, train, test, work_dir, tracker).run()
+        trainer = RLTrainer(
+            stage,
+            cfg,
+            model,
+            tokenizer,
+            train,
+            test,
+            work_dir,
+            tracker,
+            stage_cfg=sc,
+            schema=schema,
+            generation=generation,
+        )
+        result = trainer.run()
         tracker.summary({k: v for k, v in result.metrics.items() if isinstance(v, (int, float))})
     with atomic_dir(out_dir) as tmp:
         save_model(model, tokenizer, tmp)
@@ -525,20 +704,75 @@ def run_rl_stage(stage: str, cfg: Any, io: Any) -> dict[str, Any]:
 
 
 def _run_verl_stage(
-    stage: str, cfg: Any, init_dir: Path, problems_dir: Path, out_dir: Path, work_dir: Path
+    stage: str,
+    cfg: Any,
+    init_dir: Path,
+    problems_dir: Path,
+    out_dir: Path,
+    work_dir: Path,
+    train_problems: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """GPU path: submit the verl job, then merge its last FSDP checkpoint into an HF directory."""
-    import subprocess
+    """GPU path: run verl's trainer on Ray, then merge its last FSDP checkpoint into the stage's HF output.
+
+    Where it runs (``components.training.ray_cluster``): with ``verl.ray_address: null`` this process starts
+    a Ray head on its node and stops it afterwards (paths are this node's); inside a job submitted to a
+    running cluster (the npr-stage flow's path for ``ray_address``) the driver attaches to that cluster and
+    every path it hands verl is under ``verl.shared_dir``, which all nodes mount.
+    """
+    import shutil
+    import sys
+
+    import yaml
 
     from components.artifacts import atomic_dir
-    from components.training.verl_launch import prepare_launch
+    from components.training import ray_cluster
+    from components.training.verl_launch import VERL_ENTRY_MODULE, prepare_launch, runtime_env
 
-    run_dir = work_dir / "verl"
-    command, overrides_file = prepare_launch(stage, cfg, init_dir, problems_dir, run_dir)
-    completed = subprocess.run(command, check=False)
-    if completed.returncode != 0:
+    v = getattr(cfg, stage).verl
+    inside = ray_cluster.inside_submitted_job()
+    if v.ray_address and not inside:
         raise RuntimeError(
-            f"verl job for {stage} failed with exit code {completed.returncode}: {overrides_file}"
+            f"{stage} attaches to the Ray cluster at {v.ray_address} ({stage}.verl.ray_address): run it "
+            "through the pipeline (npr run / the npr-stage flow), which submits it there as a Ray job and "
+            "restores its outputs from the DVC run-cache; `npr stage` alone cannot"
+        )
+    if inside:
+        if not v.shared_dir:
+            raise RuntimeError(f"{stage} runs on a Ray cluster but {stage}.verl.shared_dir is not set")
+        run_dir = Path(v.shared_dir) / "npr" / stage / os.environ.get("NPR_PIPELINE_RUN_ID", "run") / "verl"
+        shared_model = run_dir / "inputs" / "model"
+        if not shared_model.exists():  # every node reads the starting model from the shared filesystem
+            shutil.copytree(init_dir, shared_model)
+        init_dir = shared_model
+    else:
+        run_dir = work_dir / "verl"
+    _, overrides_file = prepare_launch(
+        stage, cfg, init_dir, problems_dir, run_dir, train_problems=train_problems
+    )
+    overrides = yaml.safe_load(Path(overrides_file).read_text())["overrides"]
+    entry = os.environ.get("NPR_VERL_ENTRY_MODULE", VERL_ENTRY_MODULE)  # a stand-in trainer in tests
+    argv = [sys.executable, "-m", entry, *overrides]
+    env = dict(os.environ)
+    env.update(
+        {
+            k: v_
+            for k, v_ in runtime_env(getattr(cfg, stage), cfg.schema_of(stage))["env_vars"].items()
+            if k not in ray_cluster.NOT_FORWARDED
+        }
+    )
+    log = run_dir / "driver.log"
+    if inside:
+        returncode = ray_cluster.run_driver(argv, "auto", env, log)
+    else:
+        with ray_cluster.RayHead.start(
+            v.ray_head_host,
+            num_gpus=v.n_gpus_per_node if _cuda_available() else 0,
+            env=env,
+        ) as head:
+            returncode = ray_cluster.run_driver(argv, head.address, head.env, log)
+    if returncode != 0:
+        raise RuntimeError(
+            f"verl job for {stage} failed with exit code {returncode}: {log} ({overrides_file})"
         )
     steps = sorted(
         (run_dir / "checkpoints").glob("global_step_*"), key=lambda p: int(p.name.rsplit("_", 1)[1])
@@ -546,11 +780,16 @@ def _run_verl_stage(
     if not steps:
         raise RuntimeError(f"verl job for {stage} finished without a checkpoint in {run_dir / 'checkpoints'}")
     with atomic_dir(out_dir) as tmp:
-        merge = ["python", "-m", "verl.model_merger", "merge", "--backend", "fsdp"]
+        merge = [sys.executable, "-m", "verl.model_merger", "merge", "--backend", "fsdp"]
         merge += ["--local_dir", str(steps[-1] / "actor"), "--target_dir", str(tmp)]
         subprocess.run(merge, check=True)
     return {
         "backend": "verl",
+        "ray": "cluster " + str(v.ray_address) if inside else f"own head on {v.ray_head_host}",
         "steps": int(steps[-1].name.rsplit("_", 1)[1]),
         "overrides": str(overrides_file),
     }
+
+
+def _cuda_available() -> bool:
+    return torch.cuda.is_available()

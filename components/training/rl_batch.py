@@ -1,7 +1,8 @@
 """Rollouts as training tensors, and the policy forward that scores them (one call for the whole batch).
 
 Layout: each row is ``prompt + response`` right-padded to the batch's longest row. Response-aligned tensors
-(``(bs, R)``, verl's layout) are gathered from the full-sequence logits through ``response_index``.
+(``(bs, R)``, verl's layout) are indexed through ``response_index``; their log-probs come from the chunked
+scorer (``components.training.token_logprobs``), never from a ``(bs, R, V)`` logits tensor.
 
 Sequential visibility (NPR-Zero, SR) uses a 2D padding mask and ordinary positions. Parallel visibility
 (PAPO) uses the canonical builder ``components.parallel.batch_parallel_attention_inputs``: one 4D bool mask
@@ -26,6 +27,7 @@ from components.parallel import (
     to_additive_mask,
 )
 from components.training.batching import length_sorted_splits
+from components.training.token_logprobs import DEFAULT_CHUNK_TOKENS, token_log_probs
 
 
 @dataclass
@@ -72,14 +74,36 @@ class PolicyBatch:
     def parallel(self) -> bool:
         return self.attention_mask.dim() == 4
 
+    @property
+    def device(self) -> torch.device:
+        return self.input_ids.device
 
-def structural_rejection(rollout: Rollout, tags: TagIds) -> str | None:
-    """Why the canonical mask builder rejects this rollout's response, or None if it accepts it."""
+    def to(self, device: torch.device | str) -> PolicyBatch:
+        """The same batch with every tensor on ``device`` (itself when already there)."""
+        if self.input_ids.device == torch.device(device):
+            return self
+        return PolicyBatch(
+            *(t.to(device) for t in (self.input_ids, self.attention_mask, self.position_ids)),
+            self.response_index.to(device),
+            self.response_mask.to(device),
+        )
+
+
+def structural_violation(rollout: Rollout, tags: TagIds) -> StructureError | None:
+    """The canonical mask builder's error for this rollout's response, or None if it accepts it. Its
+    ``code`` is one of a fixed set (``components.structure.score.PENALTIES`` or ``malformed``): what metric
+    names may carry; its message (reason and token offset) is free text for the stage's records."""
     try:
         parallel_segments(rollout.prompt_ids + rollout.response_ids, tags, start=len(rollout.prompt_ids))
     except StructureError as err:
-        return str(getattr(err, "reason", None) or err)
+        return err
     return None
+
+
+def structural_rejection(rollout: Rollout, tags: TagIds) -> str | None:
+    """Why the canonical mask builder rejects this rollout's response, or None if it accepts it."""
+    err = structural_violation(rollout, tags)
+    return None if err is None else str(getattr(err, "reason", None) or err)
 
 
 def response_mask_of(rollouts: list[Rollout]) -> torch.Tensor:
@@ -148,44 +172,43 @@ def _model_mask(model: Any, mask: torch.Tensor) -> torch.Tensor:
 
 
 def response_log_probs(
-    model: Any, batch: PolicyBatch, temperature: float = 1.0, with_entropy: bool = False
+    model: Any,
+    batch: PolicyBatch,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probabilities of the response tokens under ``model`` in one forward call.
 
+    The vocabulary projection runs over ``chunk_tokens`` response tokens at a time
+    (``components.training.token_logprobs``): no ``(bs, R, V)`` fp32 tensor is ever built.
+
     Args:
         model: a causal LM taking ``input_ids``, ``attention_mask`` (2D or 4D), ``position_ids``.
-        batch: the padded rollouts.
+        batch: the padded rollouts (moved to the model's device here when they are elsewhere).
         temperature: logits are divided by it, as verl's actor does with the rollout temperature.
         with_entropy: also return the per-token entropy (detached).
 
     Returns:
-        ``log_prob`` ``(bs, R)`` (zero on padding; carries the gradient) and ``entropy`` ``(bs, R)`` or None.
+        ``log_prob`` ``(bs, R)`` float32 on the model's device (zero on padding; carries the gradient) and
+        ``entropy`` ``(bs, R)`` or None.
     """
-    device = next(model.parameters()).device
-    out = model(
-        input_ids=batch.input_ids.to(device),
-        attention_mask=_model_mask(model, batch.attention_mask.to(device)),
-        position_ids=batch.position_ids.to(device),
-        use_cache=False,
-    )
-    logits = out.logits
-    if temperature > 0 and temperature != 1.0:
-        logits = logits / temperature
-    response_index = batch.response_index.to(device)
-    if batch.attention_mask.dim() == 4:
+    batch = batch.to(next(model.parameters()).device)
+    if batch.parallel:
         # parallel layout: a token is predicted from the last earlier position it can see (a step's first
         # token from where the engine forked it), the same rule as SFT and the engine's recorded logprobs
-        pred_index = prediction_sources(batch.attention_mask.to(device)).gather(1, response_index)
+        source_index = prediction_sources(batch.attention_mask).gather(1, batch.response_index)
     else:
-        pred_index = (response_index - 1).clamp(min=0)  # causal: token j is predicted by the logits at j - 1
-    vocab = logits.shape[-1]
-    step_logits = logits.gather(1, pred_index.unsqueeze(-1).expand(-1, -1, vocab)).float()
-    log_probs_all = torch.log_softmax(step_logits, dim=-1)
-    targets = batch.input_ids.to(device).gather(1, batch.response_index.to(device))
-    mask = batch.response_mask.to(device)
-    log_prob = log_probs_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1) * mask
-    entropy = None
-    if with_entropy:
-        with torch.no_grad():
-            entropy = -(log_probs_all.exp() * log_probs_all).sum(-1) * mask
-    return log_prob, entropy
+        source_index = (batch.response_index - 1).clamp(min=0)  # causal: token j is predicted at j - 1
+    return token_log_probs(
+        model,
+        batch.input_ids,
+        _model_mask(model, batch.attention_mask),
+        batch.position_ids,
+        source_index,
+        batch.input_ids.gather(1, batch.response_index),
+        batch.response_mask,
+        temperature=temperature,
+        with_entropy=with_entropy,
+        chunk_tokens=chunk_tokens,
+    )

@@ -1,7 +1,7 @@
 """The RL objective of the local trainer, by calling verl's registered functions (never copies of them).
 
 ``algorithm`` in the stage config names a pair (advantage estimator, policy loss) in verl's registries:
-``dapo`` -> (``grpo``, ``vanilla``) and ``papo`` -> (``papo``, ``papo``, registered by
+``dapo`` and ``grpo`` -> (``grpo``, ``vanilla``) (they differ in dynamic sampling only) and ``papo`` -> (``papo``, ``papo``, registered by
 ``components.training.papo``). The same names go into the verl launch overrides.
 """
 
@@ -21,6 +21,8 @@ from components.training.dapo import DAPO_ADV_ESTIMATOR, DAPO_POLICY_LOSS
 # algorithm -> (verl advantage estimator, verl policy loss)
 ALGORITHMS: dict[str, tuple[str, str]] = {
     "dapo": (DAPO_ADV_ESTIMATOR, DAPO_POLICY_LOSS),
+    # GRPO as Parallel-R1 runs it: the same verl functions, no dynamic sampling (the trainers' concern)
+    "grpo": (DAPO_ADV_ESTIMATOR, DAPO_POLICY_LOSS),
     "papo": (papo.PAPO_NAME, papo.PAPO_NAME),
 }
 
@@ -106,10 +108,12 @@ def compute_policy_loss(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     config: ActorConfig,
+    rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """Scalar loss and verl's loss metrics, from verl's registered policy loss for ``algorithm``.
 
-    All tensors are ``(bs, R)``; ``log_prob`` carries the gradient.
+    All tensors are ``(bs, R)``; ``log_prob`` carries the gradient. ``rollout_is_weights`` are verl's
+    per-token importance weights (PAPO's post-merge correction, ``papo.post_merge_is_weights``).
     """
     _, loss_mode = verl_names(algorithm)
     return get_policy_loss_fn(loss_mode)(
@@ -119,5 +123,5 @@ def compute_policy_loss(
         response_mask.to(log_prob.dtype),
         config.loss_agg_mode,
         config,
-        None,
+        rollout_is_weights,
     )

@@ -10,8 +10,10 @@ What a step does:
 - loss = mean negative log-likelihood over the response tokens of the whole accumulated step (each token
   predicted from its parent position, see ``sft_data``), AdamW, grad-norm clipping, a warmup + cosine /
   constant / linear schedule with ``min_lr`` (transformers' schedule functions);
-- a checkpoint (weights, optimizer, scheduler, step, RNG) every ``save_every`` steps in the stage's work dir;
-  a rerun resumes from the newest one; metrics go to a JSON file after every logged step.
+- a checkpoint (weights, optimizer, scheduler, step, RNG, and the run's logged history, token and wall-time
+  totals and the step source's counters) every ``save_every`` steps in the stage's work dir; a rerun resumes
+  from the newest one and reports what an uninterrupted run reports; metrics go to a JSON file after every
+  logged step.
 
 On GPU the same code runs unchanged with ``run.device: cuda`` (or ``auto``) and ``run.dtype: bfloat16``:
 the model is loaded in bf16 with sdpa, which takes the bool mask directly (flash kernels do not accept an
@@ -24,15 +26,16 @@ single-process format. Two CPU ranks reproduce one process's weights to 1e-5 (te
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from transformers import (
     get_constant_schedule_with_warmup,
     get_cosine_with_min_lr_schedule_with_warmup,
@@ -40,14 +43,20 @@ from transformers import (
 )
 
 from components.artifacts import write_json
+from components.progress import track
 from components.training.batching import length_sorted_splits
 from components.training.checkpoint import TrainingState, latest_checkpoint, load_checkpoint, save_checkpoint
 from components.training.distributed import DistContext, shard_model
+from components.training.precision import build_adamw, stepped_parameters
 from components.training.sft_data import Mode, SFTBatch, SFTExample, collate
+from components.training.token_logprobs import token_log_probs
 
 Scheduler = Literal["cosine", "constant", "linear"]
 # Examples of one optimizer step (batch_size * grad_accum of them), a pure function of the step number.
+# A source that counts something across steps (the seed's skipped held-out problems) may also define
+# ``state_dict() -> dict`` and ``load_state_dict(dict)``: the state is saved with every checkpoint.
 StepSource = Callable[[int], Sequence[SFTExample]]
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -72,6 +81,8 @@ class SFTSettings:
     # Passes per micro-batch over length-sorted slices of the step: the same gradient, less padding
     # (components.training.batching); 1 = each micro-batch in one pass, in the step's order.
     length_splits: int = 1
+    # Recompute decoder-layer activations in the backward instead of keeping them (same gradient).
+    gradient_checkpointing: bool = False
 
     @property
     def examples_per_step(self) -> int:
@@ -103,6 +114,7 @@ class SFTSettings:
             save_every=cfg.save_every,
             seed=cfg.seed,
             length_splits=cfg.length_splits,
+            gradient_checkpointing=cfg.gradient_checkpointing,
         )
 
 
@@ -114,6 +126,7 @@ class SFTResult:
     final_step: int
     history: list[dict[str, float]] = field(default_factory=list)
     train_tokens: int = 0
+    # training time of the whole run: the processes before a resume included (restored from checkpoints)
     wall_time_s: float = 0.0
 
     def summary(self) -> dict[str, Any]:
@@ -153,14 +166,16 @@ class EpochSource:
 
 
 def build_optimizer(model: torch.nn.Module, settings: SFTSettings) -> torch.optim.AdamW:
-    """AdamW; weight decay on matrices only (norm gains and biases are not decayed, as is standard)."""
+    """AdamW; weight decay on matrices only (norm gains and biases are not decayed, as is standard).
+
+    A bf16 model gets fp32 master weights and moments (``components.training.precision``)."""
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
     groups = [
         {"params": decay, "weight_decay": settings.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(groups, lr=settings.lr, betas=settings.adam_betas)
+    return build_adamw(model, groups, lr=settings.lr, betas=settings.adam_betas)
 
 
 def build_scheduler(
@@ -183,7 +198,8 @@ def token_nll(model: torch.nn.Module, batch: SFTBatch) -> tuple[torch.Tensor, in
     """Summed negative log-likelihood of the batch's response tokens, and their count.
 
     Token ``t`` is scored with the logits at ``batch.parents[:, t]``:
-    ``nll_t = logsumexp(logits[parent]) - logits[parent, input_ids[t]]`` (float32).
+    ``nll_t = logsumexp(logits[parent]) - logits[parent, input_ids[t]]`` (float32), computed chunk by chunk
+    over the loss tokens (``components.training.token_logprobs``: no ``(B, L, V)`` logits tensor).
 
     Returns:
         (scalar tensor with grad, number of loss tokens)
@@ -196,17 +212,11 @@ def token_nll(model: torch.nn.Module, batch: SFTBatch) -> tuple[torch.Tensor, in
         mask = to_additive_mask(mask, next(model.parameters()).dtype)
     input_ids = batch.input_ids.to(device)
     position_ids = batch.position_ids.to(device) if batch.position_ids is not None else None
-    logits = model(
-        input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False
-    ).logits
-    logits = logits.float()
-    parents = batch.parents.to(device)
-    rows = torch.arange(logits.shape[0], device=device)[:, None]
-    log_norm = torch.logsumexp(logits, dim=-1).gather(1, parents)  # [B, L]
-    target_logit = logits[rows, parents, input_ids]  # [B, L]
     loss_mask = batch.loss_mask.to(device)
-    nll = (log_norm - target_logit) * loss_mask
-    return nll.sum(), int(loss_mask.sum())
+    log_prob, _ = token_log_probs(
+        model, input_ids, mask, position_ids, batch.parents.to(device), input_ids, loss_mask
+    )
+    return -(log_prob * loss_mask).sum(), int(batch.loss_mask.sum())
 
 
 def train_sft(
@@ -240,29 +250,35 @@ def train_sft(
     if ctx.is_main:
         work_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(settings.seed)
+    if settings.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     shard_model(model, ctx)  # before the optimizer: FSDP replaces the parameters with sharded ones
     model.train()
     optimizer = build_optimizer(model, settings)
     scheduler = build_scheduler(optimizer, settings)
     history: list[dict[str, float]] = []
-    step, train_tokens = 0, 0
+    step, train_tokens, wall_before = 0, 0, 0.0
     resume = ctx.broadcast(latest_checkpoint(work_dir) if ctx.is_main else None)
     if resume is not None:
         state = load_checkpoint(resume, model, optimizer, scheduler, ctx)
         step, history = state.step, list(state.extra.get("history", []))
         train_tokens = int(state.extra.get("train_tokens", 0))
+        wall_before = float(state.extra.get("train_wall_time_s", 0.0))
+        if "source" in state.extra and hasattr(source, "load_state_dict"):
+            source.load_state_dict(state.extra["source"])
+        if ctx.is_main:
+            done = step >= settings.total_steps
+            what = "already trained to" if done else "resuming from"
+            log.info("SFT %s: %s step %d of %d (%s)", settings.mode, what, step, settings.total_steps, resume)
+            if metrics_path is not None:  # drop steps a crashed run logged after this checkpoint
+                write_json(metrics_path, {"settings": asdict(settings), "history": history})
     result = SFTResult(start_step=step, final_step=step, history=history, train_tokens=train_tokens)
     start = time.perf_counter()
-    progress = Progress(
-        TextColumn(f"SFT {settings.mode}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("loss {task.fields[loss]}"),
-        TimeRemainingColumn(),
-        disable=not show_progress or not ctx.is_main,
-    )
-    with progress:
-        task = progress.add_task("sft", total=settings.total_steps, completed=step, loss="-")
+    # a live bar at a terminal, a dozen plain lines in a log (components.progress); rank 0 only
+    shown = show_progress and ctx.is_main
+    with track(f"SFT {settings.mode}", total=settings.total_steps) if shown else nullcontext() as task:
+        if task is not None:
+            task.advance(step)  # resumed steps
         while step < settings.total_steps:
             t0 = time.perf_counter()
             record = _train_step(model, optimizer, scheduler, source(step), settings, pad_id, tags, ctx)
@@ -274,7 +290,13 @@ def train_sft(
                 if metrics_path is not None and ctx.is_main:
                     write_json(metrics_path, {"settings": asdict(settings), "history": history})
             if step % settings.save_every == 0 or step == settings.total_steps:
-                extra = {"history": history, "train_tokens": result.train_tokens}
+                extra: dict[str, Any] = {
+                    "history": history,
+                    "train_tokens": result.train_tokens,
+                    "train_wall_time_s": wall_before + time.perf_counter() - start,
+                }
+                if hasattr(source, "state_dict"):
+                    extra["source"] = source.state_dict()
                 save_checkpoint(
                     work_dir,
                     TrainingState(step, extra),
@@ -284,11 +306,12 @@ def train_sft(
                     keep_last=settings.keep_checkpoints,
                     ctx=ctx,
                 )
-            progress.update(task, completed=step, loss=f"{record['loss']:.4f}")
+            if task is not None:
+                task.advance(1, loss=record["loss"])
             if on_step is not None and ctx.is_main:
                 on_step(step, record)
     result.final_step = step
-    result.wall_time_s = time.perf_counter() - start
+    result.wall_time_s = wall_before + time.perf_counter() - start
     model.eval()
     return result
 
@@ -324,7 +347,7 @@ def _train_step(
         nll, _ = token_nll(model, batch)
         (nll * ctx.world_size / n_total).backward()
         loss_sum += float(nll.detach())
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip)
+    grad_norm = torch.nn.utils.clip_grad_norm_(stepped_parameters(model, optimizer), settings.grad_clip)
     if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP
         grad_norm = grad_norm.full_tensor()
     lr = optimizer.param_groups[0]["lr"]

@@ -122,7 +122,7 @@ def prepare_examples(
     prompts_cfg: Any,
     *,
     mode: Mode,
-    prompt_style: Mode,
+    prompt_style: str,
     schema_name: str,
     max_length: int,
 ) -> PreparedData:

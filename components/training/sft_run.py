@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from components.training.checkpoint import checkpoint_step, latest_checkpoint
 from components.training.distributed import DistContext
 from components.training.sft import SFTResult, SFTSettings, StepSource, train_sft
 
@@ -34,6 +35,9 @@ def train_sft_in_stage_run(
 
     ctx = ctx or DistContext()
     with stage_run(cfg, stage, work) if ctx.is_main else nullcontext() as tracker:
+        if tracker is not None:  # W&B continues after the checkpoint train_sft resumes from
+            newest = latest_checkpoint(work)
+            tracker.resume_from(checkpoint_step(newest) if newest is not None else -1)
         result = train_sft(
             model,
             source,

@@ -8,38 +8,60 @@ Decisions (issue 6):
   manager (``reward.reward_kwargs.overlong_buffer_cfg``), and the clip-higher loss as the ``vanilla`` policy
   loss. The recipe repository tracks verl main, not the 0.9.1 release, so pinning it would pin a second,
   moving copy of the trainer.
-- **Plugins: our module is imported in every process** through ``VERL_USE_EXTERNAL_MODULES`` (read by
+- **Plugins: our package is imported in every process** through ``VERL_USE_EXTERNAL_MODULES`` (read by
   ``import verl`` itself; set in the Ray job's runtime env) and, redundantly, through
-  ``actor_rollout_ref.model.external_lib`` (imported when the workers build their model config). Either
-  alone registers ``papo`` before the actor looks up its loss or the driver its advantage estimator.
+  ``actor_rollout_ref.model.external_lib`` (imported when the workers build their model config). Its import
+  registers the ``papo`` loss and advantage, the NPR actor engine, the tag-keeping reward manager and the
+  ``npr_parallel`` agent loop (``components.training.verl_plugins``); nothing in verl is edited.
+- **Native-parallel PAPO (issue 14):** ``papo_rl`` rolls out with the ``npr_parallel`` agent loop (fork at
+  ``</guideline>``, merge at ``<takeaway>``, structural filter, Stage-3 reward set by the loop), trains with
+  the NPR actor (``VERL_ENGINE_VENDOR=npr``: canonical parallel mask, positions and prediction sources;
+  ``use_remove_padding: false``, ulysses 1, ``sdpa``) and corrects the tokens sampled after a re-prefilled
+  merge with a truncated importance weight (``actor.policy_loss.rollout_correction``: ``rollout_is: token``,
+  ``rollout_is_threshold`` = ``papo_rl.rollout_correction.is_threshold``).
 - **Strict on-policy PAPO:** ``algorithm.rollout_correction.bypass_mode=true`` makes the trainer skip the
-  old-log-prob pass; the ``papo`` loss ignores ``old_log_prob`` by construction (ratio = π/sg(π)).
-- **Reward:** ``reward.custom_reward_function.{path,name}`` (0.9.1's place for the legacy top-level
-  ``custom_reward_function`` keys, which it migrates there) pointing at
-  ``components/grading/verl_reward.py:compute_score``.
-
-Not covered by stock verl (and therefore not generated here): NPR's native-parallel rollout (fork at
-``</guideline>``, merge at ``<takeaway>``) and the per-sample 4D-mask actor forward. A PAPO run through this
-launcher rolls out with verl's sequential engine; the local trainer (``components.training.rl``) is the
-implementation with parallel rollouts and structural filtering.
+  old-log-prob pass (old log-probs are the rollout's); the ``papo`` loss ignores them by construction
+  (ratio = π/sg(π)); they only feed the post-merge weights and the mismatch metrics.
+- **Reward:** ``reward.custom_reward_function.{path,name}`` pointing at
+  ``components/grading/verl_reward.py:compute_score``, called by the ``npr`` reward manager (DAPO's, with
+  the response decoded with its tags: verl's stock managers skip special tokens, i.e. our tags) for the
+  DAPO stages, and by the agent loop for ``papo_rl``.
+- **Jobs verl accepts:** ``validate_job(stage, cfg)`` composes the overrides with the installed verl
+  config, runs verl's own ``validate_config`` exactly as ``main_ppo`` does, and resolves every plugin the
+  job names; ``prepare_launch`` runs it before anything is submitted.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shlex
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from components.training.rl_objective import verl_names
+from components.training.verl_plugins.names import (
+    AGENT_LOOP,
+    ENGINE_VENDOR,
+    ENGINE_VENDOR_ENV,
+    PLUGIN_PACKAGE,
+    REWARD_MANAGER,
+    SCHEMA_ENV,
+)
 
-PLUGIN_MODULE = "components.training.papo"
+PLUGIN_MODULE = PLUGIN_PACKAGE
 REWARD_FILE = "components/grading/verl_reward.py"
 REWARD_FUNCTION = "compute_score"
 VERL_ENTRY_MODULE = "verl.trainer.main_ppo"
+RL_STAGES = ("npr_zero", "papo_rl", "sr_rl", "pr1_rl")
+# attention implementations that honour the NPR actor's 4D mask (eager gets its additive form)
+PARALLEL_ATTENTION = ("sdpa", "flex_attention", "eager")
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
@@ -60,27 +82,56 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def build_overrides(stage: str, stage_cfg: Any, inputs: VerlRunInputs, project: str) -> list[str]:
+def native_parallel(stage_cfg: Any) -> bool:
+    """Whether a stage rolls out with the native fork/merge agent loop and trains with the NPR actor (the
+    canonical parallel mask): every stage whose ``engine_mode`` is parallel (PAPO; Parallel-R1 Unseen)."""
+    return stage_cfg.engine_mode == "parallel"
+
+
+def remove_padding(stage_cfg: Any) -> bool:
+    """verl's packed forward: as configured, else on for the stock actor and off for the NPR actor."""
+    if stage_cfg.verl.use_remove_padding is not None:
+        return bool(stage_cfg.verl.use_remove_padding)
+    return not native_parallel(stage_cfg)
+
+
+def build_overrides(
+    stage: str,
+    stage_cfg: Any,
+    inputs: VerlRunInputs,
+    project: str,
+    *,
+    attn_implementation: str = "sdpa",
+    enable_thinking: bool = False,
+) -> list[str]:
     """Hydra overrides of ``verl/trainer/config/ppo_trainer.yaml`` for one RL stage.
 
     Keys that the packaged config does not define carry Hydra's ``+`` prefix (the DAPO reward manager's
-    kwargs); every other key must exist in the installed verl (tests compose them to prove it).
+    kwargs, the model's attention implementation, the actor's rollout correction); every other key must
+    exist in the installed verl (tests compose them and run verl's validation to prove it).
     """
     v = stage_cfg.verl
     adv_estimator, loss_mode = verl_names(stage_cfg.algorithm)
     is_papo = stage_cfg.algorithm == "papo"
-    filter_groups = stage_cfg.dynamic_sampling and not is_papo
+    native = native_parallel(stage_cfg)
+    # dynamic sampling is DAPO's (PAPO and Parallel-R1's GRPO train on every group)
+    filter_groups = stage_cfg.dynamic_sampling and stage_cfg.algorithm == "dapo"
     gen_prompts = stage_cfg.gen_batch_prompts or stage_cfg.prompts_per_step
+    log_prob_micro = v.log_prob_micro_batch_size_per_gpu or v.micro_batch_size_per_gpu
     pairs: list[tuple[str, Any]] = [
         # data
         ("data.train_files", inputs.train_files),
         ("data.val_files", inputs.val_files),
         ("data.prompt_key", "prompt"),
         ("data.max_prompt_length", v.max_prompt_length),
-        ("data.max_response_length", stage_cfg.max_new_tokens),
+        # verl counts the stop token as a response token; the agent loop gives the fork/merge controller the
+        # local trainer's budget (max_new_tokens) and appends the stop token after it
+        ("data.max_response_length", stage_cfg.max_new_tokens + (1 if native else 0)),
         ("data.train_batch_size", stage_cfg.prompts_per_step),
         ("data.gen_batch_size", gen_prompts),
         ("data.truncation", "error"),
+        # the chat-template settings of components.prompts.render_prompt (the local trainer's prompts)
+        ("+data.apply_chat_template_kwargs.enable_thinking", enable_thinking),
         # algorithm
         ("algorithm.adv_estimator", adv_estimator),
         ("algorithm.use_kl_in_reward", False),
@@ -92,7 +143,9 @@ def build_overrides(stage: str, stage_cfg: Any, inputs: VerlRunInputs, project: 
         # model
         ("actor_rollout_ref.model.path", inputs.model_path),
         ("actor_rollout_ref.model.enable_gradient_checkpointing", v.gradient_checkpointing),
-        ("actor_rollout_ref.model.use_remove_padding", v.use_remove_padding),
+        ("actor_rollout_ref.model.use_remove_padding", remove_padding(stage_cfg)),
+        ("+actor_rollout_ref.model.override_config.attn_implementation", attn_implementation),
+        ("actor_rollout_ref.model.external_lib", PLUGIN_PACKAGE),
         # actor
         ("actor_rollout_ref.actor.strategy", v.strategy),
         ("actor_rollout_ref.actor.policy_loss.loss_mode", loss_mode),
@@ -129,8 +182,10 @@ def build_overrides(stage: str, stage_cfg: Any, inputs: VerlRunInputs, project: 
         ("actor_rollout_ref.rollout.val_kwargs.temperature", stage_cfg.eval_temperature),
         ("actor_rollout_ref.rollout.val_kwargs.top_p", v.val_top_p),
         ("actor_rollout_ref.rollout.val_kwargs.do_sample", True),
-        # reward
-        ("reward.reward_manager.name", "dapo"),
+        ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", log_prob_micro),
+        ("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", log_prob_micro),
+        # reward: DAPO's manager (overlong buffer) decoding with the tags kept
+        ("reward.reward_manager.name", REWARD_MANAGER),
         ("reward.custom_reward_function.path", REWARD_FILE),
         ("reward.custom_reward_function.name", REWARD_FUNCTION),
         ("+reward.reward_kwargs.max_resp_len", stage_cfg.max_new_tokens),
@@ -152,8 +207,21 @@ def build_overrides(stage: str, stage_cfg: Any, inputs: VerlRunInputs, project: 
         ("trainer.resume_mode", "auto"),
         ("trainer.default_local_dir", str(Path(inputs.run_dir) / "checkpoints")),
     ]
-    if is_papo:
-        pairs.append(("actor_rollout_ref.model.external_lib", PLUGIN_MODULE))
+    if native:
+        pairs += [
+            # native fork/merge rollouts; rollout log-probs feed bypass mode's old log-probs (PAPO) and the
+            # post-merge correction
+            ("actor_rollout_ref.rollout.agent.default_agent_loop", AGENT_LOOP),
+            ("actor_rollout_ref.rollout.calculate_log_probs", True),
+        ]
+        if stage_cfg.rollout_correction.post_merge_is:
+            pairs += [
+                ("+actor_rollout_ref.actor.policy_loss.rollout_correction.rollout_is", "token"),
+                (
+                    "+actor_rollout_ref.actor.policy_loss.rollout_correction.rollout_is_threshold",
+                    float(stage_cfg.rollout_correction.is_threshold),
+                ),
+            ]
     return [f"{key}={_hydra_value(value)}" for key, value in pairs]
 
 
@@ -163,11 +231,20 @@ def _hydra_value(value: Any) -> str:
     return _fmt(value)
 
 
-def runtime_env(stage_cfg: Any) -> dict[str, Any]:
+def plugin_env_vars(stage_cfg: Any, schema: str = "npr") -> dict[str, str]:
+    """What selects our plugins in every process of the job: the package verl imports, the structure
+    schema they parse, and (native parallel stages) the engine vendor key of the NPR actor."""
+    env = {"VERL_USE_EXTERNAL_MODULES": PLUGIN_PACKAGE, SCHEMA_ENV: schema}
+    if native_parallel(stage_cfg):
+        env[ENGINE_VENDOR_ENV] = ENGINE_VENDOR
+    return env
+
+
+def runtime_env(stage_cfg: Any, schema: str = "npr") -> dict[str, Any]:
     """Ray job runtime env: the repository as working dir, our plugins imported by every ``import verl``."""
-    env_vars = {"RAY_AUTH_MODE": "disabled", "TOKENIZERS_PARALLELISM": "true"}
-    if stage_cfg.algorithm == "papo":
-        env_vars["VERL_USE_EXTERNAL_MODULES"] = PLUGIN_MODULE
+    # no auth setting here: the job inherits the cluster's token authentication (infra/ray/cluster.yaml)
+    env_vars = {"TOKENIZERS_PARALLELISM": "true"}
+    env_vars.update(plugin_env_vars(stage_cfg, schema))
     return {
         "working_dir": ".",
         "env_vars": env_vars,
@@ -175,15 +252,28 @@ def runtime_env(stage_cfg: Any) -> dict[str, Any]:
     }
 
 
-def ray_job_command(stage_cfg: Any, overrides: list[str], job_id: str) -> list[str]:
-    """``ray job submit`` argv running ``python -m verl.trainer.main_ppo <overrides>`` on the cluster."""
+def ray_job_command(stage_cfg: Any, overrides: list[str], job_id: str, schema: str = "npr") -> list[str]:
+    """``ray job submit`` argv running ``python -m verl.trainer.main_ppo <overrides>`` on the cluster; with
+    ``verl.ray_address: null`` the driver as the stage runs it against the Ray head it starts itself
+    (``components.training.ray_cluster``), shown with that head's placeholder address."""
+    if not stage_cfg.verl.ray_address:
+        env = [f"{k}={v}" for k, v in sorted(plugin_env_vars(stage_cfg, schema).items())]
+        return [
+            "env",
+            "RAY_ADDRESS=<the head npr stage starts>",
+            *env,
+            "python",
+            "-m",
+            VERL_ENTRY_MODULE,
+            *overrides,
+        ]
     return [
         "ray",
         "job",
         "submit",
         f"--address={stage_cfg.verl.ray_address}",
         f"--submission-id={job_id}",
-        f"--runtime-env-json={json.dumps(runtime_env(stage_cfg), sort_keys=True)}",
+        f"--runtime-env-json={json.dumps(runtime_env(stage_cfg, schema), sort_keys=True)}",
         "--",
         "python",
         "-m",
@@ -192,17 +282,19 @@ def ray_job_command(stage_cfg: Any, overrides: list[str], job_id: str) -> list[s
     ]
 
 
-def write_launch_files(run_dir: Path, stage: str, stage_cfg: Any, overrides: list[str], job_id: str) -> Path:
+def write_launch_files(
+    run_dir: Path, stage: str, stage_cfg: Any, overrides: list[str], job_id: str, schema: str = "npr"
+) -> Path:
     """Write ``verl_overrides.yaml`` (the resolved overrides + the command) into the run directory."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    command = ray_job_command(stage_cfg, overrides, job_id)
+    command = ray_job_command(stage_cfg, overrides, job_id, schema)
     path = run_dir / "verl_overrides.yaml"
     payload = {
         "stage": stage,
         "entry": VERL_ENTRY_MODULE,
         "overrides": overrides,
-        "runtime_env": runtime_env(stage_cfg),
+        "runtime_env": runtime_env(stage_cfg, schema),
         "command": shlex.join(command),
     }
     tmp = path.with_suffix(".yaml.tmp")
@@ -231,15 +323,17 @@ def compose_verl_config(overrides: list[str]) -> Any:
         return compose(config_name="ppo_trainer", overrides=overrides)
 
 
-def reward_settings(stage_cfg: Any, cfg: Any) -> dict[str, Any]:
+def reward_settings(stage_cfg: Any, cfg: Any, schema: str | None = None) -> dict[str, Any]:
     """What ``verl_reward.compute_score`` reads from each row's ``extra_info``: the stage's reward
-    (stage1 / stage3), its values and the grading settings from params.yaml, and the schema."""
+    (``grading.REWARD_SECTIONS``), its values and the grading settings from params.yaml, and the schema."""
+    from components.grading.config import REWARD_SECTIONS
+
     grading = cfg.grading.model_dump(mode="json")
     return {
         "reward": stage_cfg.reward,
         "reward_values": grading.pop(stage_cfg.reward),
-        "grading": {k: v for k, v in grading.items() if k not in ("stage1", "stage3")},
-        "schema": cfg.schema_name,
+        "grading": {k: v for k, v in grading.items() if k not in REWARD_SECTIONS},
+        "schema": schema or cfg.schema_name,
     }
 
 
@@ -249,12 +343,18 @@ def write_verl_parquet(
     prompts_cfg: Any,
     style: str,
     reward: dict[str, Any] | None = None,
+    generation: dict[str, Any] | None = None,
 ) -> int:
     """Problems as verl's RL dataset: chat ``prompt``, ``data_source``, ``reward_model.ground_truth``.
 
     The user turn is built by ``components.prompts.chat_messages`` (the same text the local trainer uses);
-    ``reward`` (see ``reward_settings``) rides in every row's ``extra_info`` so verl scores with our config.
+    ``reward`` (see ``reward_settings``) rides in every row's ``extra_info`` so verl scores with our config,
+    and so do the recipe's extra engine settings (``generation``: Parallel-R1's paths per block), which the
+    agent loop gives its fork/merge controller.
     """
+    extra = dict(reward or {})
+    if generation:
+        extra["generation"] = dict(generation)
     import pandas as pd
 
     from components.prompts import chat_messages
@@ -265,9 +365,10 @@ def write_verl_parquet(
             "prompt": chat_messages(p["problem"], prompts_cfg, style),
             "ability": "math",
             "reward_model": {"style": "rule", "ground_truth": str(p["answer"])},
-            "extra_info": {"id": p["id"], "split": p.get("split", "train"), **(reward or {})},
+            # index: verl's per-prompt index (rollout traces, the agent loop's seed without a uid)
+            "extra_info": {"id": p["id"], "index": i, "split": p.get("split", "train"), **extra},
         }
-        for p in problems
+        for i, p in enumerate(problems)
     ]
     if not rows:
         raise ValueError(f"no problems to write to {path}")
@@ -277,55 +378,392 @@ def write_verl_parquet(
     return len(rows)
 
 
-def prepare_launch(
-    stage: str, cfg: Any, model_path: Path, problems_dir: Path, run_dir: Path
-) -> tuple[list[str], Path]:
-    """Write the parquet inputs and ``verl_overrides.yaml`` for ``stage``; returns (argv, overrides file)."""
-    from components.artifacts import read_shards
+def job_inputs(stage: str, cfg: Any, model_path: Path | str | None = None) -> tuple[VerlRunInputs, Path]:
+    """The paths a stage's verl job reads and writes (run dir ``artifacts/<stage>/work/verl``)."""
+    run_dir = Path(cfg.run.artifacts_dir) / stage / "work" / "verl"
+    model = (
+        model_path
+        if model_path is not None
+        else Path(cfg.run.artifacts_dir) / getattr(cfg, stage).init_from / "model"
+    )
+    inputs = VerlRunInputs(
+        model_path=str(Path(model).resolve()),
+        train_files=str((run_dir / "train.parquet").resolve()),
+        val_files=str((run_dir / "val.parquet").resolve()),
+        run_dir=str(run_dir.resolve()),
+    )
+    return inputs, run_dir
 
+
+def stage_overrides(stage: str, cfg: Any, inputs: VerlRunInputs) -> list[str]:
+    """``build_overrides`` with the pipeline-wide settings a job also needs (attention, W&B project)."""
+    return build_overrides(
+        stage,
+        getattr(cfg, stage),
+        inputs,
+        cfg.tracking.project,
+        attn_implementation=cfg.models.attn_implementation,
+        enable_thinking=cfg.prompts.enable_thinking,
+    )
+
+
+def prepare_launch(
+    stage: str,
+    cfg: Any,
+    model_path: Path,
+    problems_dir: Path,
+    run_dir: Path,
+    write: bool = True,
+    *,
+    train_problems: list[dict[str, Any]] | None = None,
+) -> tuple[list[str], Path]:
+    """Validate the job (``validate_job``), write the parquet inputs and ``verl_overrides.yaml``;
+    returns (argv, overrides file). The validation split is the first ``eval_n`` held-out problems, the
+    ones the local trainer evaluates on; the training split is ``problems_dir``'s, or ``train_problems``
+    (a stage with its own data layer: pr1_rl)."""
+    from components.artifacts import read_shards
+    from components.config import ConfigError
+
+    validate_job(stage, cfg)
     stage_cfg = getattr(cfg, stage)
     style = stage_cfg.prompt_style
     run_dir = Path(run_dir)
-    train = read_shards(problems_dir, stem="train")
-    test = read_shards(problems_dir, stem="test")
-    reward = reward_settings(stage_cfg, cfg)
-    write_verl_parquet(train, run_dir / "train.parquet", cfg.prompts, style, reward)
-    write_verl_parquet(test, run_dir / "val.parquet", cfg.prompts, style, reward)
+    train = train_problems if train_problems is not None else read_shards(problems_dir, stem="train")
+    from components.data.problems import load_tuning_split
+
+    # the split the local trainer's held-out evals read too: val when sample_orz wrote one, else test
+    test = load_tuning_split(problems_dir)[1][: stage_cfg.eval_n]
+    if not test:
+        raise ConfigError(
+            f"{stage}: {problems_dir} has no held-out problems for verl's validation set; "
+            "set sample_orz.val_n or sample_orz.test_n > 0"
+        )
+    schema = cfg.schema_of(stage)
+    reward = reward_settings(stage_cfg, cfg, schema)
+    engine = cfg.engine_settings_of(stage)
+    if write:
+        write_verl_parquet(train, run_dir / "train.parquet", cfg.prompts, style, reward, engine)
+        write_verl_parquet(test, run_dir / "val.parquet", cfg.prompts, style, reward, engine)
     inputs = VerlRunInputs(
         model_path=str(Path(model_path).resolve()),
         train_files=str((run_dir / "train.parquet").resolve()),
         val_files=str((run_dir / "val.parquet").resolve()),
         run_dir=str(run_dir.resolve()),
     )
-    overrides = build_overrides(stage, stage_cfg, inputs, cfg.tracking.project)
+    overrides = stage_overrides(stage, cfg, inputs)
     job_id = f"npr-{stage}-{cfg.profile}"
-    path = write_launch_files(run_dir, stage, stage_cfg, overrides, job_id)
-    return ray_job_command(stage_cfg, overrides, job_id), path
+    path = write_launch_files(run_dir, stage, stage_cfg, overrides, job_id, schema)
+    return ray_job_command(stage_cfg, overrides, job_id, schema), path
+
+
+# ------------------------------------------------------------------------------------------- validation
+@dataclass(frozen=True)
+class VerlJobCheck:
+    """What ``validate_job`` resolved for one stage's job (everything verl will look up by name)."""
+
+    stage: str
+    overrides: list[str]
+    env_vars: dict[str, str]
+    engine_class: str
+    agent_loop: str
+    agent_loop_class: str
+    reward_manager_class: str
+    reward_function: str
+    policy_loss: str
+    adv_estimator: str
+    remove_padding: bool
+    attn_implementation: str
+    ulysses_sp: int
+    bypass_mode: bool
+    post_merge_is_threshold: float | None
+
+    @property
+    def native_parallel(self) -> bool:
+        """Rollouts fork and merge natively and the actor scores them with the canonical parallel mask."""
+        return self.agent_loop == AGENT_LOOP and self.env_vars.get(ENGINE_VENDOR_ENV) == ENGINE_VENDOR
+
+    def summary(self) -> dict[str, Any]:
+        """The settings that make the job what it is (printed by ``--dry-run`` and ``npr config check``)."""
+        out = asdict(self)
+        out.pop("overrides")
+        out["native_parallel"] = self.native_parallel
+        return out
+
+
+# verl's error messages name verl keys; these are the settings of ours that produce them (build_overrides)
+_VERL_SOURCES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("real_train_batch_size", ("prompts_per_step", "group_size", "verl.n_gpus_per_node", "verl.nnodes")),
+    ("train_batch_size", ("prompts_per_step",)),
+    ("ppo_mini_batch_size", ("verl.train_prompt_mini_batch", "group_size")),
+    ("ppo_micro_batch_size", ("verl.micro_batch_size_per_gpu",)),
+    ("log_prob_micro_batch_size", ("verl.log_prob_micro_batch_size_per_gpu", "verl.use_dynamic_bsz")),
+    ("ulysses_sequence_parallel_size", ("verl.ulysses_sp",)),
+    ("n_gpus", ("verl.n_gpus_per_node", "verl.nnodes")),
+    ("max_token_len", ("verl.max_token_len_per_gpu",)),
+    ("loss_agg_mode", ("loss_agg_mode",)),
+    ("temperature", ("temperature", "eval_temperature")),
+)
+
+
+def _settings_named_in(stage: str, message: str) -> list[str]:
+    found: list[str] = []
+    for needle, settings in _VERL_SOURCES:
+        if needle in message:
+            found += [f"{stage}.{s}" for s in settings if f"{stage}.{s}" not in found]
+    return found
+
+
+def _verl_rejects(stage: str, err: BaseException) -> Exception:
+    from components.config import ConfigError
+
+    named = _settings_named_in(stage, str(err))
+    hint = f" (settings: {', '.join(named)})" if named else ""
+    return ConfigError(f"{stage}: verl rejects the job: {err}{hint}")
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str], unset: tuple[str, ...] = ()) -> Iterator[None]:
+    """``os.environ`` with ``values`` set and ``unset`` removed, restored afterwards."""
+    saved = {k: os.environ.get(k) for k in (*values, *unset)}
+    os.environ.update(values)
+    for key in unset:
+        os.environ.pop(key, None)
+    try:
+        yield
+    finally:
+        for key, old in saved.items():
+            if old is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = old
+
+
+def _check_stage_settings(stage: str, stage_cfg: Any, cfg: Any) -> None:
+    """Our own cross-field rules of a verl job, checked before verl sees it (errors name our settings)."""
+    from components.config import ConfigError
+
+    if stage_cfg.algorithm == "papo" and not native_parallel(stage_cfg):
+        raise ConfigError(
+            f"{stage}: PAPO on verl rolls out natively in parallel with the structural filter; set "
+            f"{stage}.engine_mode: parallel and {stage}.structural_filter: true"
+        )
+    if not native_parallel(stage_cfg):
+        return
+    v = stage_cfg.verl
+    if v.use_remove_padding:
+        raise ConfigError(
+            f"{stage}.verl.use_remove_padding must be false (or unset): the NPR actor builds a 4D parallel "
+            "attention mask, which verl's packed forward drops"
+        )
+    if v.ulysses_sp != 1:
+        raise ConfigError(
+            f"{stage}.verl.ulysses_sp must be 1: Ulysses sequence parallelism needs the packed forward, "
+            "which cannot carry the parallel mask"
+        )
+    if cfg.models.attn_implementation not in PARALLEL_ATTENTION:
+        raise ConfigError(
+            f"models.attn_implementation must be one of {PARALLEL_ATTENTION} for {stage}: flash-attention "
+            "takes no 4D mask"
+        )
+    if not stage_cfg.structural_filter:
+        raise ConfigError(
+            f"{stage}: native parallel rollouts need the structural filter (a broken trace has no parallel "
+            f"mask); set {stage}.structural_filter: true"
+        )
+    if stage_cfg.algorithm == "papo" and stage_cfg.reward != "stage3":
+        raise ConfigError(
+            f"{stage}.reward must be stage3 for PAPO (the agent loop scores its rollouts with it)"
+        )
+
+
+def validate_job(stage: str, cfg: Any) -> VerlJobCheck:
+    """Check that verl accepts ``stage``'s job, without a GPU; ConfigError (naming the setting) if not.
+
+    Builds the launcher's overrides, composes them with the installed verl's ``ppo_trainer`` config, runs
+    ``verl.utils.config.validate_config`` exactly as ``verl.trainer.main_ppo`` calls it (after
+    ``auto_set_device``), converts the algorithm and rollout sections to verl's dataclasses, and resolves
+    every name the job relies on, in the environment the job runs with: the policy loss and advantage
+    estimator in verl's registries, the actor engine class by vendor key (``EngineRegistry``, device cuda),
+    the agent loop class, the reward manager class and the reward function file (loaded and called once).
+    """
+    from components.config import ConfigError
+
+    if stage not in RL_STAGES:
+        raise ConfigError(f"unknown RL stage {stage!r}; verl jobs exist for {', '.join(RL_STAGES)}")
+    stage_cfg = getattr(cfg, stage)
+    _check_stage_settings(stage, stage_cfg, cfg)
+    inputs, _ = job_inputs(stage, cfg)
+    overrides = stage_overrides(stage, cfg, inputs)
+    schema = cfg.schema_of(stage)
+    env_vars = plugin_env_vars(stage_cfg, schema)
+
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.core_algos import get_adv_estimator_fn, get_policy_loss_fn
+    from verl.trainer.ppo.reward import get_custom_reward_fn, resolve_reward_manager_cls
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import omega_conf_to_dataclass
+    from verl.utils.config import validate_config as verl_validate_config
+    from verl.utils.device import auto_set_device
+    from verl.workers.engine.base import EngineRegistry
+
+    import components.training.verl_plugins  # noqa: F401  (registers the plugins, as VERL_USE_EXTERNAL_MODULES does)
+    from components.training.verl_plugins.agent_loop import registered_agent_loop
+    from components.training.verl_plugins.engine import NPRParallelEngine
+    from components.training.verl_plugins.reward import TagKeepingRewardManager
+
+    config = compose_verl_config(overrides)
+    auto_set_device(config)
+    try:
+        verl_validate_config(
+            config=config,
+            use_reference_policy=need_reference_policy(config),
+            use_critic=need_critic(config),
+        )
+        omega_conf_to_dataclass(config.algorithm)
+        omega_conf_to_dataclass(config.actor_rollout_ref.rollout)
+    except (AssertionError, ValueError, TypeError) as err:
+        raise _verl_rejects(stage, err) from err
+
+    actor = config.actor_rollout_ref.actor
+    loss_mode, adv_estimator = actor.policy_loss.loss_mode, config.algorithm.adv_estimator
+    try:
+        get_policy_loss_fn(loss_mode)
+        get_adv_estimator_fn(adv_estimator)
+    except (KeyError, ValueError) as err:
+        raise ConfigError(
+            f"{stage}.algorithm: verl has no loss/advantage {loss_mode!r}/{adv_estimator!r}: {err}"
+        ) from err
+
+    # the job's environment: the vendor key only where the launcher sets it, the device a GPU node has
+    unset = () if ENGINE_VENDOR_ENV in env_vars else (ENGINE_VENDOR_ENV,)
+    with _environment({**env_vars, "VERL_ENGINE_DEVICE": "cuda"}, unset):
+        engine_cls = EngineRegistry.get_engine_cls("language_model", actor.strategy)
+    parallel_actor = issubclass(engine_cls, NPRParallelEngine)
+    native = native_parallel(stage_cfg)
+    if native != parallel_actor:
+        raise ConfigError(
+            f"{stage}: the actor engine {engine_cls.__name__} does not match engine_mode {stage_cfg.engine_mode}"
+        )
+
+    agent_name = config.actor_rollout_ref.rollout.agent.default_agent_loop
+    try:
+        agent_cls = registered_agent_loop(agent_name)
+    except (KeyError, ImportError) as err:
+        raise ConfigError(f"{stage}: verl has no agent loop {agent_name!r}: {err}") from err
+    if native != (agent_name == AGENT_LOOP):
+        raise ConfigError(
+            f"{stage}: agent loop {agent_name!r} does not match engine_mode {stage_cfg.engine_mode}"
+        )
+
+    manager_cls = resolve_reward_manager_cls(config)
+    if not issubclass(manager_cls, TagKeepingRewardManager):
+        raise ConfigError(
+            f"{stage}: reward manager {manager_cls.__name__} decodes without our tags (special tokens); "
+            f"use {REWARD_MANAGER!r}"
+        )
+    reward_cfg = OmegaConf.create(OmegaConf.to_container(config, resolve=False))
+    reward_path = Path(reward_cfg.reward.custom_reward_function.path)
+    if not reward_path.is_absolute():
+        reward_cfg.reward.custom_reward_function.path = str(REPO_ROOT / reward_path)  # the job's working dir
+    reward_fn = get_custom_reward_fn(reward_cfg)
+    if reward_fn is None:
+        raise ConfigError(f"{stage}: the job names no reward function")
+    # global_step: what the agent loop and the reward manager add for scheduled rewards
+    probe = reward_fn(
+        data_source="probe",
+        solution_str="\\boxed{1}",
+        ground_truth="1",
+        extra_info={**reward_settings(stage_cfg, cfg, schema), "global_step": 1},
+    )
+    if not isinstance(probe, dict) or "score" not in probe:
+        raise ConfigError(f"{stage}: the reward function returned {probe!r}, not verl's score dict")
+
+    correction = actor.policy_loss.get("rollout_correction") or {}
+    threshold = correction.get("rollout_is_threshold") if correction.get("rollout_is") == "token" else None
+    bypass = bool(config.algorithm.rollout_correction.bypass_mode)
+    if stage_cfg.algorithm == "papo" and not bypass:
+        raise ConfigError(
+            f"{stage}: PAPO is strictly on-policy and needs algorithm.rollout_correction.bypass_mode"
+        )
+    return VerlJobCheck(
+        stage=stage,
+        overrides=overrides,
+        env_vars=env_vars,
+        engine_class=f"{engine_cls.__module__}.{engine_cls.__qualname__}",
+        agent_loop=agent_name,
+        agent_loop_class=f"{agent_cls.__module__}.{agent_cls.__qualname__}",
+        reward_manager_class=f"{manager_cls.__module__}.{manager_cls.__qualname__}",
+        reward_function=f"{config.reward.custom_reward_function.path}:{config.reward.custom_reward_function.name}",
+        policy_loss=loss_mode,
+        adv_estimator=adv_estimator,
+        remove_padding=bool(config.actor_rollout_ref.model.use_remove_padding),
+        attn_implementation=str(config.actor_rollout_ref.model.override_config.attn_implementation),
+        ulysses_sp=int(actor.ulysses_sequence_parallel_size),
+        bypass_mode=bypass,
+        post_merge_is_threshold=None if threshold is None else float(threshold),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m components.training.verl_launch STAGE [--dry-run]``: print (or submit) the Ray job."""
+    """``python -m components.training.verl_launch STAGE [--dry-run] [--profile P]``: validate the verl
+    job of an RL stage, print its settings and command, and (without ``--dry-run``) write its inputs and
+    submit it."""
     import argparse
     import subprocess
 
-    from components.config import load_config
+    from components.config import ConfigError, load_config
     from components.dag import stage_io
 
     parser = argparse.ArgumentParser(description=main.__doc__)
-    parser.add_argument("stage", choices=["npr_zero", "papo_rl", "sr_rl"])
-    parser.add_argument("--dry-run", action="store_true", help="write the launch files and print the command")
+    parser.add_argument("stage", choices=list(RL_STAGES))
+    parser.add_argument(
+        "--dry-run", action="store_true", help="validate and print the job; write nothing, submit nothing"
+    )
+    parser.add_argument("--profile", default=None, help="a profile instead of params.yaml")
     args = parser.parse_args(argv)
-    cfg = load_config()
+    cfg = load_config(profile=args.profile) if args.profile else load_config()
     stage_cfg = getattr(cfg, args.stage)
+    try:
+        check = validate_job(args.stage, cfg)
+    except ConfigError as err:
+        print(f"error: {err}")
+        return 2
+    print(f"# {args.stage} ({cfg.profile}): verl accepts the job")
+    for key, value in check.summary().items():
+        print(f"#   {key}: {json.dumps(value, sort_keys=True)}")
+    if args.dry_run:
+        inputs, _ = job_inputs(args.stage, cfg)
+        overrides = stage_overrides(args.stage, cfg, inputs)
+        print(
+            shlex.join(
+                ray_job_command(
+                    stage_cfg, overrides, f"npr-{args.stage}-{cfg.profile}", cfg.schema_of(args.stage)
+                )
+            )
+        )
+        return 0
+    if args.stage == "pr1_rl":
+        # its training problems come from the Parallel-R1 data layer, which the stage runs
+        print("error: pr1_rl's job is written and submitted by its stage: run `npr stage pr1_rl`")
+        return 2
     io = stage_io(args.stage)
     run_dir = Path(cfg.run.artifacts_dir) / args.stage / "work" / "verl"
     command, path = prepare_launch(
-        args.stage, cfg, io.input(f"{stage_cfg.init_from}/model"), io.input("sample_orz/problems"), run_dir
+        args.stage,
+        cfg,
+        io.input(f"{stage_cfg.init_from}/model"),
+        io.input("sample_orz/problems"),
+        run_dir,
+        write=not args.dry_run,
     )
-    print(f"# overrides written to {path}")
+    print(
+        f"# dry run: nothing written (the overrides would go to {path})"
+        if args.dry_run
+        else f"# overrides written to {path}"
+    )
     print(shlex.join(command))
-    if args.dry_run:
-        return 0
+    if not stage_cfg.verl.ray_address:  # the stage starts (and stops) its own Ray head, then merges
+        return subprocess.call(["npr", "stage", args.stage])
     return subprocess.call(command)
 
 

@@ -47,6 +47,12 @@ SMALL = [
     "sr_rl.eval_every=2",
     "sr_rl.save_every=2",
     "evaluate.speedup.max_problems=8",
+    "pr1_coldstart.max_steps=4",
+    "pr1_coldstart.data.n=128",
+    "pr1_rl.steps=2",
+    "pr1_rl.eval_n=40",
+    "pr1_rl.eval_every=2",
+    "pr1_rl.save_every=2",
 ]
 
 
@@ -82,7 +88,8 @@ def test_tiny_pipeline_end_to_end(clone: Path) -> None:
     assert f"Task run 'stage-{stages[-1]}" in proc.stdout + proc.stderr
     assert "report: artifacts/evaluate/report/report.md" in proc.stdout
     report = (clone / "artifacts/evaluate/report/report.md").read_text()
-    assert "papo_rl" in report and "tiny_test" in report
+    assert "papo_rl" in report and "pr1_rl" in report and "tiny_test" in report
+    _check_metrics_and_plots(clone, stages)
 
     # nothing to do the second time
     assert _stale(clone) == set()
@@ -98,3 +105,31 @@ def test_tiny_pipeline_end_to_end(clone: Path) -> None:
 
     # every stage's outputs reached the default (local) remote
     assert json.loads((clone / ".dvc/tmp/npr-unpushed.json").read_text())["unpushed"] == {}
+
+
+TRAINING_STAGES = ("seed", "npr_zero", "parallel_warmup", "sequential_warmup", "papo_rl", "sr_rl")
+
+
+def _check_metrics_and_plots(clone: Path, stages: list[str]) -> None:
+    """Every stage wrote its flat DVC metrics; every training stage its curves; `npr plots` renders offline."""
+    for name in stages:
+        assert (clone / "metrics" / (name if name == "evaluate" else f"{name}.json")).exists(), name
+    shown = json.loads(_run([str(BIN / "dvc"), "metrics", "show", "--json"], clone).stdout)[""]["data"]
+
+    def keys(d: dict, prefix: str = "") -> set[str]:
+        return {
+            k2
+            for k, v in d.items()
+            for k2 in (keys(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k})
+        }
+
+    files = {path: v["data"] for path, v in shown.items() if "data" in v}
+    assert len(files) == len(stages) - 1 + len(list((clone / "metrics/evaluate").glob("*.json")))
+    columns = set().union(*(keys(d) for d in files.values()))
+    assert len(columns) < 45, sorted(columns)  # one readable table, not 1,257 columns
+    for name in TRAINING_STAGES:
+        assert json.loads((clone / "plots" / name / "train.json").read_text()), name
+    assert json.loads((clone / "plots/papo_rl/eval.json").read_text())
+    _run([str(BIN / "npr"), "plots", "show", "-o", "plots_html"], clone)
+    page = (clone / "plots_html/index.html").read_text()
+    assert "<script src" not in page and "papo_rl" in page

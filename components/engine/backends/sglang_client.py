@@ -1,121 +1,178 @@
-"""SGLang backend: sequential sampling through a running SGLang server's native ``/generate`` HTTP API.
+"""SGLang backend: the fork/merge controller over a running SGLang server's native ``/generate`` HTTP API.
 
-Use on the GPU box for the long sequential jobs (stage-1 rollouts, distillation, sequential evaluation):
-the server (spec in ``infra/``) is started separately and this client sends token ids, so prompt
-tokenisation is ours and identical across backends. Returned objects are the same ``Generation`` as the
-torch backend's; ``logprobs`` are SGLang's (``return_logprob``), which trainers recompute anyway.
+Sequential and parallel mode both run through ``components.engine.async_driver``: one ``/generate``
+request per controller ``Extension`` (token ids in, so tokenisation is ours and identical across
+backends), at most ``cfg.batch_size`` in flight; SGLang batches concurrent requests itself. In parallel
+mode the branches of a block are concurrent requests ``prefix + <step> + label`` stopped at ``</step>``:
+SGLang's radix cache shares the prefix KV and each branch's positions restart after the prefix, exactly
+as the trainer's mask and positions do, so branch tokens are exact. The merge is a new request whose
+prompt is prefix + every branch + ``<takeaway>``: SGLang has no position or mask fields
+(``GenerateReqInput``, sglang/srt/managers/io_struct.py), so it re-reads the branches as sequential text
+(``merge_mode="reprefill"``) and the tokens after the first merge are sampled from that context
+(docs/results.md measures the gap; trainers correct it with a truncated importance weight).
 
-Parallel mode is NOT served by SGLang: stock SGLang cannot merge the KV of sibling requests into one
-sequence (NPR vendored a patched 0.4.6 scheduler for that, npr-reference.md §1.9). The project's answer
-on GPU is the torch engine in ``components.engine.decoder`` run on the GPU (one shared-prefix cache, exact
-against the trainer). The alternative, SGLang fork/join with re-prefill (``s.fork(k)`` per block, then a
-fresh request whose prompt is prefix + all branches, re-prefilled at the merge), recomputes every
-branch's KV and uses sequential positions at the merge, so it does not match the trainer's parallel
-positions; measuring its cost against our engine needs a GPU and is left to the evaluation stage there.
+Request/answer shapes (checked against SGLang 0.5.12's source, see tests/support/sglang_standin.py):
+``{"input_ids", "sampling_params", "return_logprob": true, "logprob_start_len", "rid"}`` ->
+``meta_info.output_token_logprobs`` ``[[logprob, id, text]]``, ``meta_info.input_token_logprobs`` (the
+forced tokens' log-probs: ``logprob_start_len = len(prompt) - n_forced - 1``, first entry None),
+``meta_info.finish_reason.type`` in ``stop | length | abort``. Per-request seeds go out as
+``sampling_seed`` (SGLang honours them with ``--enable-deterministic-inference``).
+
+Failures raise ``SGLangError`` with what happened (HTTP status and the server's message, an abort, a
+lost connection, a timeout): a stage stops, and what it finished before (distill's chunks) is kept.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import itertools
 import json
-import time
-import urllib.error
-import urllib.request
+import os
 from typing import Any
 
+import httpx
+
+from components.engine.async_driver import BackendError, generate_async
 from components.engine.config import GenerationConfig
-from components.engine.decoder import end_of_turn_ids
 from components.engine.generation import Generation
 
-
-class SGLangError(RuntimeError):
-    """The server could not be reached or answered something this client does not understand."""
-
-
-def sampling_params(cfg: GenerationConfig, stop_ids: list[int]) -> dict[str, Any]:
-    """SGLang's ``sampling_params`` for one request (greedy = temperature 0)."""
-    return {
-        "temperature": cfg.temperature,
-        "top_p": cfg.top_p,
-        "top_k": cfg.top_k,
-        "max_new_tokens": cfg.max_new_tokens,
-        "stop_token_ids": stop_ids,
-        "skip_special_tokens": False,
-        "no_stop_trim": False,
-    }
+# The server's API key (infra/sglang/server.yaml api_key_env); sent as a bearer token when set.
+API_KEY_ENV = "NPR_SGLANG_API_KEY"
 
 
-def post_json(url: str, payload: dict[str, Any], timeout_s: float) -> Any:
-    request = urllib.request.Request(
-        url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}, method="POST"
-    )
+class SGLangError(BackendError):
+    """The SGLang server failed a request, could not be reached, or answered something unexpected."""
+
+
+class SGLangClient:
+    """``await client(prompt_ids, sampling_params, tail=n)`` -> ``(ids, logprobs, stop_reason, tail_lps)``.
+
+    One ``httpx.AsyncClient`` per event loop; ``rid`` is a fresh id per request (SGLang rejects duplicates
+    in flight).
+    """
+
+    scores_prompt_tail = True
+
+    def __init__(self, base_url: str, timeout_s: float = 600.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+        self._http: httpx.AsyncClient | None = None
+        self._ids = itertools.count()
+        self.n_requests = 0
+
+    async def __aenter__(self) -> SGLangClient:
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+        headers = {}
+        api_key = os.environ.get(API_KEY_ENV)
+        if api_key:  # the server requires it (--api-key; infra/sglang/server.yaml)
+            headers["Authorization"] = f"Bearer {api_key}"
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url, timeout=self.timeout_s, limits=limits, headers=headers
+        )
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        if self._http is not None:
+            await self._http.aclose()
+            self._http = None
+
+    async def __call__(
+        self, prompt_ids: list[int], sampling_params: dict[str, Any], tail: int = 0
+    ) -> tuple[list[int], list[float], str, list[float | None] | None]:
+        payload: dict[str, Any] = {
+            "rid": f"npr-{next(self._ids)}",
+            "input_ids": list(prompt_ids),
+            "sampling_params": sampling_params,
+            "return_logprob": True,
+            "logprob_start_len": len(prompt_ids) - tail - 1 if tail else -1,
+        }
+        item = await self.post("/generate", payload)
+        self.n_requests += 1
+        return parse_generate_item(item, tail)
+
+    async def post(self, path: str, payload: dict[str, Any]) -> Any:
+        if self._http is None:
+            raise RuntimeError("use the client inside 'async with SGLangClient(...)'")
+        url = self.base_url + path
+        try:
+            response = await self._http.post(path, json=payload)
+        except httpx.TimeoutException as err:
+            raise SGLangError(f"SGLang server at {url} did not answer within {self.timeout_s:.0f} s") from err
+        except httpx.ConnectError as err:
+            raise SGLangError(f"cannot reach the SGLang server at {url}: {err!r}") from err
+        except httpx.TransportError as err:
+            raise SGLangError(f"lost the connection to the SGLang server at {url}: {err!r}") from err
+        if response.status_code != 200:
+            raise SGLangError(
+                f"SGLang server at {url} answered HTTP {response.status_code}: {_message(response)}"
+            )
+        try:
+            return response.json()
+        except json.JSONDecodeError as err:
+            raise SGLangError(f"SGLang server at {url} answered non-JSON: {response.text[:300]!r}") from err
+
+
+def _message(response: httpx.Response) -> str:
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            return json.loads(response.read().decode())
-    except urllib.error.HTTPError as err:
-        raise SGLangError(f"{url} answered HTTP {err.code}: {err.read()[:500]!r}") from err
-    except (urllib.error.URLError, TimeoutError) as err:
-        raise SGLangError(f"cannot reach the SGLang server at {url}: {err}") from err
+        body = response.json()
+    except json.JSONDecodeError:
+        return response.text[:500]
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        return str(body["error"].get("message", body["error"]))[:1000]
+    return str(body)[:500]
 
 
-def _to_generation(
-    item: dict[str, Any], prompt_ids: list[int], tokenizer: Any, stop_ids: list[int]
-) -> Generation:
-    meta = item.get("meta_info")
+def parse_generate_item(
+    item: Any, tail: int = 0
+) -> tuple[list[int], list[float], str, list[float | None] | None]:
+    """``(output ids, their logprobs, finish type, logprobs of the last ``tail`` prompt tokens)`` of one
+    ``/generate`` answer; SGLangError for an abort or a malformed answer."""
+    meta = item.get("meta_info") if isinstance(item, dict) else None
     if not isinstance(meta, dict) or "output_token_logprobs" not in meta:
-        raise SGLangError(f"response lacks meta_info.output_token_logprobs: {str(item)[:300]}")
-    pairs = [(int(tok), float(lp)) for lp, tok, *_ in meta["output_token_logprobs"]]
+        raise SGLangError(f"answer lacks meta_info.output_token_logprobs: {str(item)[:300]}")
     finish = meta.get("finish_reason") or {}
-    stop_id = stop_lp = None
-    if pairs and pairs[-1][0] in stop_ids:
-        stop_id, stop_lp = pairs.pop()
+    kind = finish.get("type") if isinstance(finish, dict) else None
+    if kind == "abort":
+        raise SGLangError(
+            f"SGLang aborted the request: {finish.get('message')} (status {finish.get('status_code')})"
+        )
+    pairs = [(int(tok), float(lp)) for lp, tok, *_ in meta["output_token_logprobs"]]
     ids = [t for t, _ in pairs]
-    start = len(prompt_ids)
-    return Generation(
-        prompt_ids=prompt_ids,
-        token_ids=ids,
-        text=tokenizer.decode(ids, skip_special_tokens=False),
-        logprobs=[lp for _, lp in pairs],
-        position_ids=list(range(start, start + len(ids))),
-        forced=[False] * len(ids),
-        finish_reason="stop" if finish.get("type") == "stop" else "length",
-        stop_token_id=stop_id,
-        stop_logprob=stop_lp,
-        wall_time_s=float(meta.get("e2e_latency", 0.0)),
-        backend="sglang",
-    )
+    output_ids = item.get("output_ids")
+    if output_ids is not None and list(output_ids) != ids and len(output_ids) == len(ids):
+        raise SGLangError(f"output_ids {output_ids[:8]}... disagree with output_token_logprobs {ids[:8]}...")
+    tail_lps = None
+    if tail:
+        entries = meta.get("input_token_logprobs") or []
+        if len(entries) != tail + 1:
+            raise SGLangError(f"asked the logprobs of the last {tail} prompt tokens, got {len(entries) - 1}")
+        tail_lps = [None if e[0] is None else float(e[0]) for e in entries[1:]]
+    return ids, [lp for _, lp in pairs], str(kind or ""), tail_lps
+
+
+def _run(coro: Any) -> Any:
+    """Run a coroutine to completion from synchronous code, also when the caller already runs a loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
 
 
 def generate_sglang(
-    tokenizer: Any, prompts: list[str], cfg: GenerationConfig, response_prefixes: list[str] | None = None
+    tokenizer: Any,
+    prompts: list[str],
+    cfg: GenerationConfig,
+    tags: Any | None = None,
+    response_prefixes: list[str] | None = None,
 ) -> list[Generation]:
-    """Sequential sampling on an SGLang server, ``cfg.batch_size`` prompts per request.
+    """Sample one response per prompt on the SGLang server at ``cfg.server_url`` (sequential or parallel
+    mode, same ``Generation`` as the torch backend; ``merge_mode`` is ``reprefill``)."""
 
-    ``cfg.seed`` is not forwarded: server-side sampling is seeded by the server's own ``random_seed``
-    (infra/), so sglang runs are reproducible only as far as the server's deterministic mode allows.
-    """
-    if cfg.mode == "parallel" or response_prefixes is not None:
-        raise ValueError(
-            "the sglang backend samples sequentially without forced prefixes; use backend='torch' for "
-            "parallel mode (see this module's docstring)"
-        )
-    stop_ids = end_of_turn_ids(tokenizer)
-    url = cfg.server_url.rstrip("/") + "/generate"
-    out: list[Generation] = []
-    for lo in range(0, len(prompts), cfg.batch_size):
-        ids = [tokenizer.encode(p, add_special_tokens=False) for p in prompts[lo : lo + cfg.batch_size]]
-        payload = {
-            "input_ids": ids,
-            "sampling_params": sampling_params(cfg, stop_ids),
-            "return_logprob": True,
-        }
-        start = time.perf_counter()
-        answer = post_json(url, payload, cfg.request_timeout_s)
-        items = answer if isinstance(answer, list) else [answer]
-        if len(items) != len(ids):
-            raise SGLangError(f"sent {len(ids)} prompts, got {len(items)} results")
-        wall = time.perf_counter() - start
-        for item, prompt_ids in zip(items, ids, strict=True):
-            gen = _to_generation(item, prompt_ids, tokenizer, stop_ids)
-            gen.wall_time_s = wall
-            out.append(gen)
-    return out
+    async def run_all() -> list[Generation]:
+        async with SGLangClient(cfg.server_url, cfg.request_timeout_s) as client:
+            return await generate_async(tokenizer, prompts, cfg, tags, client, response_prefixes, "sglang")
+
+    return _run(run_all())

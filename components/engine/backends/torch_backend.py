@@ -10,7 +10,6 @@ from components.engine.attention import decode_attention
 from components.engine.config import GenerationConfig
 from components.engine.decoder import Decoder
 from components.engine.generation import Generation
-from components.engine.parallel import EngineTags
 
 
 def generate_torch(
@@ -18,15 +17,17 @@ def generate_torch(
     tokenizer: Any,
     prompts: list[str],
     cfg: GenerationConfig,
-    tags: EngineTags | None,
+    tags: Any | None,
     response_prefixes: list[str] | None = None,
 ) -> list[Generation]:
     """Tokenise the rendered prompts and decode them ``cfg.batch_size`` at a time.
 
-    One ``torch.Generator`` seeded with ``cfg.seed`` drives all batches, so a call is reproducible.
+    One ``torch.Generator`` on the model's device, seeded with ``cfg.seed``, drives all batches, so a call
+    is reproducible; each prompt's controller gets the sequence seed ``cfg.seed``-derived from its index.
     """
-    generator = torch.Generator().manual_seed(cfg.seed)
-    decoder = Decoder(model, tokenizer, cfg, tags, generator)
+    device = next(model.parameters()).device
+    generator = torch.Generator(device=device).manual_seed(cfg.seed)
+    decoder = Decoder(model, tokenizer, cfg, tags, generator, merge_mode=cfg.merge_mode)
     encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731 - prompts are rendered
     out: list[Generation] = []
     with decode_attention(model):
@@ -35,5 +36,6 @@ def generate_torch(
             prefixes = None
             if response_prefixes is not None:
                 prefixes = [encode(p) for p in response_prefixes[lo : lo + cfg.batch_size]]
-            out.extend(decoder.run(ids, prefixes))
+            seeds = [cfg.seed * 1_000_003 + lo + i for i in range(len(ids))]
+            out.extend(decoder.run(ids, prefixes, seeds))
     return out

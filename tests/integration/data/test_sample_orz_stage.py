@@ -105,3 +105,47 @@ def test_floor_failure_writes_audit_aside_and_leaves_outputs_alone(tmp_path):
     assert not (out / "audit").exists()
     failed = read_json(out / "work" / "audit-failed" / "reconciliation.json")
     assert (failed["kept"], failed["quarantined"], failed["duplicates"]) == (5, 3, 0)
+
+
+def test_wrong_typed_fields_are_quarantined_with_their_raw_value(tmp_path):
+    orz_dir = tmp_path / "orz"
+    orz_dir.mkdir()
+    good = [_item(f"How many apples are in basket {i}?", str(i)) for i in range(40)]
+    bad = [
+        _item(123456, "7"),
+        _item("What is zero over zero?", float("nan")),
+        _item("Is this a boolean answer?", True),
+        _item("Which list is the answer?", [1, 2]),
+        _item("Which dict is the answer?", {"a": 1}),
+    ]
+    (orz_dir / "a.json").write_text(json.dumps(good + bad))  # json writes NaN as the JS literal
+    cfg = _cfg(source="local", local_path=str(orz_dir), n=30, test_n=5, min_kept_fraction=0.5)
+    out = tmp_path / "out"
+    metrics = sample_orz.run(cfg, _io(out))
+    assert metrics["quarantine_reasons"] == {
+        "answer_not_finite": 1,
+        "answer_wrong_type": 3,
+        "problem_not_text": 1,
+    }
+    quarantine = [json.loads(line) for line in (out / "audit" / "quarantine.jsonl").read_text().splitlines()]
+    raw = {r["origin"]: (r["reasons"], r["raw_fields"]) for r in quarantine}
+    assert raw["a.json#40"] == (["problem_not_text"], {"problem": {"type": "int", "value": 123456}})
+    assert raw["a.json#41"] == (["answer_not_finite"], {"answer": {"type": "float", "value": "NaN"}})
+    assert raw["a.json#42"] == (["answer_wrong_type"], {"answer": {"type": "bool", "value": True}})
+    assert raw["a.json#43"][1] == {"answer": {"type": "list", "value": [1, 2]}}
+    train = load_problems(out / "problems", "train") + load_problems(out / "problems", "test")
+    assert all(isinstance(r["answer"], str) and r["answer"] != "nan" for r in train)
+
+
+def test_too_few_rows_for_n_keeps_the_audit_where_the_error_says(tmp_path):
+    orz_dir = tmp_path / "orz"
+    orz_dir.mkdir()
+    (orz_dir / "a.json").write_text(json.dumps([_item(f"Question number {i}?", str(i)) for i in range(10)]))
+    out = tmp_path / "artifacts" / "sample_orz"
+    cfg = _cfg(source="local", local_path=str(orz_dir), n=20, test_n=5, min_kept_fraction=0.5)
+    with pytest.raises(DataQualityError, match="only 10 passed") as err:
+        sample_orz.run(cfg, _io(out))
+    failed = out / "work" / "audit-failed"
+    assert str(failed) in str(err.value)
+    assert read_json(failed / "reconciliation.json")["kept"] == 10
+    assert (failed / "gx_docs" / "index.html").exists() and not (out / "problems").exists()

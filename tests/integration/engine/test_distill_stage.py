@@ -76,3 +76,58 @@ def test_distill_writes_graded_trajectories_and_resumes(tmp_path: Path) -> None:
     cfg.distill.generation.temperature = 0.0
     metrics = run_stage("distill", cfg, io)
     assert metrics["chunks_resumed"] == 0
+
+
+def _standin_spec(tmp_path: Path, context_length: int) -> Path:
+    import sys
+
+    import yaml
+
+    spec = tmp_path / "server.yaml"
+    spec.write_text(
+        yaml.safe_dump(
+            {
+                "python": sys.executable,
+                "module": "tests.support.sglang_standin",
+                "model_path": "set-by-the-stage",
+                "port": 30000,
+                "tp_size": 1,
+                "context_length": context_length,
+                "random_seed": 0,
+            }
+        )
+    )
+    return spec
+
+
+def test_distill_serves_its_checkpoint_with_sglang_and_keeps_finished_chunks(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """The GPU profile's path: the stage starts an SGLang server (the stand-in) for NPR-Zero, samples through
+    it, stops it; a server failure mid-run is a clear error and the chunk finished before it is kept."""
+    import pytest
+
+    from components.engine.backends.sglang_client import SGLangError
+    from components.ops.sglang_server import SGLangServerError
+
+    io, cfg = _setup(tmp_path)
+    sglang = {"backend": "sglang", "merge_mode": "reprefill", "server_start_timeout_s": 120.0}
+    cfg.distill.generation = cfg.distill.generation.model_copy(
+        update={**sglang, "server_spec": str(_standin_spec(tmp_path, 64))}
+    )
+    with pytest.raises(SGLangServerError, match="exceed the SGLang server's context length"):
+        run_stage("distill", cfg, io)  # checked before any server starts or any sample is drawn
+    work = io.output("trajectories").parent / "work"
+    assert not list(work.glob("server-logs/*.log"))
+
+    cfg.distill.generation.server_spec = str(_standin_spec(tmp_path, 512))
+    monkeypatch.setenv("SGLANG_STANDIN_FAULT", "http500@5")  # the first request of the second chunk
+    with pytest.raises(SGLangError, match="HTTP 500"):
+        run_stage("distill", cfg, io)
+    assert (work / "chunk-00000.jsonl").exists() and not (work / "chunk-00001.jsonl").exists()
+    monkeypatch.delenv("SGLANG_STANDIN_FAULT")
+    metrics = run_stage("distill", cfg, io)
+    assert metrics["chunks_resumed"] == 1 and metrics["backend"] == "sglang" and metrics["tokens_per_s"] > 0
+    records = read_shards(io.output("trajectories"))
+    assert len(records) == 8 and all(r["structure"]["merge_mode"] == "reprefill" for r in records)
+    assert len(list(work.glob("server-logs/*.log"))) == 2  # a fresh server per run, each stopped

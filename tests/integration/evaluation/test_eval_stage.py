@@ -69,6 +69,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
             },
             outputs={"records": root / "evaluate" / "records", "report": root / "evaluate" / "report"},
             metrics=root / "evaluate" / "metrics.json",
+            summary=root / "metrics" / "evaluate",
+            plots=root / "plots" / "evaluate",
         )
         from components.stages import run_stage
 
@@ -105,6 +107,10 @@ def test_metrics_json_has_every_checkpoint_and_provenance(world: dict[str, Any])
     assert (world["root"] / "evaluate" / "work" / "wandb_run_id").read_text().strip()
 
 
+def m_of(name: str, world: dict[str, Any]) -> float:
+    return world["metrics"]["checkpoints"][name]["benchmarks"]["tiny_test"]["accuracy"]
+
+
 def test_every_number_agrees_with_the_records(world: dict[str, Any]) -> None:
     records_dir = world["io"].output("records")
     for name, ckpt in world["metrics"]["checkpoints"].items():
@@ -125,24 +131,49 @@ def test_every_number_agrees_with_the_records(world: dict[str, Any]) -> None:
     assert sp["achieved_speedup"] == pytest.approx(sp["parallel_tokens_per_s"] / sp["sequential_tokens_per_s"])
     assert sp["sequential_tokens"] == sum(r["n_tokens"] for r in seq)
     assert tp["achieved_speedup"] == sp["achieved_speedup"] and tp["speedup_efficiency"] == sp["efficiency"]
+    # the recipe table is computed from the same records: NPR - seed is the difference of their accuracies
+    recipe = world["metrics"]["recipe"]
+    assert recipe["benchmark"] == "tiny_test" and [r["checkpoint"] for r in recipe["rows"]] == [
+        "seed",
+        "papo_rl",
+    ]
+    (claim,) = [c for c in recipe["claims"] if c["a"] == "papo_rl" and c["b"] == "seed"]
+    diff = m_of("papo_rl", world) - m_of("seed", world)
+    assert claim["difference"] == pytest.approx(diff) and claim["interval"][0] <= diff <= claim["interval"][1]
 
 
 def test_report_plots_and_plot_data_render(world: dict[str, Any]) -> None:
     report_dir = world["io"].output("report")
     text = (report_dir / "report.md").read_text()
-    assert "## Accuracy" in text and "## Throughput" in text
+    assert "## Accuracy" in text and "## Throughput" in text and "## Recipe" in text
+    assert "| NPR ≥ seed (instruct) |" in text
     assert "| checkpoint | mode | tiny_test (avg@2) | average |" in text
-    # accuracy and throughput tables, and the recipe table's rows ("| NPR | papo_rl | parallel |")
-    assert text.count("| seed | sequential |") == 3 and text.count("| papo_rl | parallel |") == 3
-    assert "## Recipe (the paper's comparison)" in text and "| NPR ≥ seed (instruct) |" in text
+    # the accuracy and detail tables (after the recipe table): one row per checkpoint each
+    tables = text.split("## Accuracy")[1]
+    assert tables.count("| seed | sequential |") == 2 and tables.count("| papo_rl | parallel |") == 2
+    assert "## Recipe (the paper's comparison)" in text.split("## Accuracy")[0]
     for png in ("accuracy.png", "speedup.png"):
         assert (report_dir / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"]({png})" in text
-    plots = world["io"].metrics.parent / "plots"
+    plots = world["io"].plots
     acc_rows = json.loads((plots / "accuracy.json").read_text())
     assert [r["checkpoint"] for r in acc_rows] == ["seed", "papo_rl"]
     speed_rows = json.loads((plots / "speedup.json").read_text())
     assert [r["checkpoint"] for r in speed_rows] == ["papo_rl"] and speed_rows[0]["achieved_speedup"] > 0
+
+
+def test_flat_metrics_have_one_row_per_checkpoint(world: dict[str, Any]) -> None:
+    """What `dvc metrics show` reads: metrics/evaluate/<checkpoint>.json, flat, the same keys per row."""
+    rows = {p.stem: read_json(p) for p in sorted(world["io"].summary.glob("*.json"))}
+    assert set(rows) == {"seed", "papo_rl"}
+    for name, row in rows.items():
+        ckpt = world["metrics"]["checkpoints"][name]
+        assert row["accuracy"] == pytest.approx(ckpt["average_accuracy"], abs=1e-6)
+        assert row["benchmark"] == {"tiny_test": pytest.approx(ckpt["benchmarks"]["tiny_test"]["accuracy"])}
+        assert "provenance" not in row and "settings" not in row
+    tp = world["metrics"]["checkpoints"]["papo_rl"]["throughput"]
+    assert rows["papo_rl"]["speedup"] == pytest.approx(tp["achieved_speedup"], abs=1e-6)
+    assert "speedup" not in rows["seed"]  # only parallel checkpoints are re-decoded sequentially
 
 
 def test_adhoc_eval_uses_the_same_code(
@@ -211,3 +242,61 @@ def test_nightly_flow_runs_under_prefect_and_fails_on_a_regression(
         red = nightly.nightly_eval(profile="tiny", checkpoint=ckpt, return_state=True)
     assert red.is_failed() and "format_valid_rate" in red.message
     assert read_json(tmp_path / "nightly" / "gate.json")["verdict"] == "fail"
+
+
+def test_served_evaluation_starts_a_server_per_checkpoint_and_keeps_finished_ones(
+    world: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The GPU profile's path with the stand-in SGLang server: a fresh server per checkpoint (parallel ones
+    decoded through the SGLang backend's fork/merge controller), and a failure on the second checkpoint
+    loses nothing of the first."""
+    import sys
+
+    import yaml
+
+    from components.engine.backends.sglang_client import SGLangError
+    from components.evaluation.runner import CheckpointSpec, evaluate_checkpoints
+
+    spec = tmp_path / "server.yaml"
+    spec.write_text(
+        yaml.safe_dump(
+            {"python": sys.executable, "module": "tests.support.sglang_standin", "model_path": "-", "port": 1,
+             "tp_size": 1, "context_length": 512}
+        )
+    )  # fmt: skip
+    cfg = world["cfg"]
+    served = cfg.evaluate.generation.model_copy(
+        update={"backend": "sglang", "merge_mode": "reprefill", "server_spec": str(spec)}
+    )
+    cfg = cfg.model_copy(update={"evaluate": cfg.evaluate.model_copy(update={"generation": served})})
+    io, root = world["io"], world["root"]
+    ckpts = [
+        CheckpointSpec("seed", io.input("seed/model"), "sequential"),
+        CheckpointSpec("papo_rl", io.input("papo_rl/model"), "parallel"),
+    ]
+    work = tmp_path / "work"
+    requests = tmp_path / "requests.jsonl"
+    monkeypatch.setenv("SGLANG_STANDIN_REQUEST_LOG", str(requests))
+    # each server counts its own requests: seed's 6 pass, papo_rl's 7th (its sequential re-decode) fails
+    monkeypatch.setenv("SGLANG_STANDIN_FAULT", f"http500@{N_PROBLEMS * N_SAMPLES + 1}")
+    with pytest.raises(SGLangError, match="HTTP 500"):
+        evaluate_checkpoints(cfg, ckpts, cfg.evaluate.benchmarks, root / "sample_orz" / "problems", work)
+    assert (work / "checkpoints" / "seed" / "metrics.json").is_file()
+    assert not (work / "checkpoints" / "papo_rl").exists()
+    monkeypatch.delenv("SGLANG_STANDIN_FAULT")
+    result = evaluate_checkpoints(cfg, ckpts, cfg.evaluate.benchmarks, root / "sample_orz" / "problems", work)
+    assert len(list((work / "server-logs").glob("*.log"))) == 3  # seed once, papo_rl twice; none reused
+    assert set(result.metrics["checkpoints"]) == {"seed", "papo_rl"}
+    bench = result.metrics["checkpoints"]["papo_rl"]["benchmarks"]["tiny_test"]
+    assert bench["tokens_per_s"] > 0 and "achieved_speedup" in bench
+    assert len(result.records["seed"]["tiny_test"]) == N_PROBLEMS * N_SAMPLES
+    # the parallel checkpoint's requests stop at </guideline> (the fork trigger); the sequential ones don't
+    import json as _json
+
+    from components.models.loading import load_tokenizer
+
+    trigger = load_tokenizer(io.input("papo_rl/model")).convert_tokens_to_ids("</guideline>")
+    stops = [
+        _json.loads(line)["sampling_params"]["stop_token_ids"] for line in requests.read_text().splitlines()
+    ]
+    assert any(trigger in s for s in stops) and any(trigger not in s for s in stops)

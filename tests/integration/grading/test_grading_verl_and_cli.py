@@ -21,7 +21,7 @@ VALID = (
     "<takeaway>Both agree on the value.</takeaway>\nSo \\boxed{\\sqrt{8}}."
 )
 MALFORMED = "<step>1: oops</guideline> \\boxed{\\sqrt{8}}"
-KEYS = {"score", "acc", "pred", "format_score", "valid", "filtered", "empty", "grade_failed"}
+KEYS = {"score", "acc", "pred", "format_score", "valid", "filtered", "empty", "grade_failed", "truncated"}
 
 
 def _verl_reward_fn(reward_kwargs: dict[str, Any]) -> Any:
@@ -67,12 +67,24 @@ def test_verl_loads_and_calls_compute_score_from_threads(in_repo: Path, pool_cfg
                 calls,
             )
         )
-    assert all(set(r) == KEYS for r in results)
+    assert all(set(r) == KEYS for r in results) and not any(r["truncated"] for r in results)
     assert [r["score"] for r in results] == [1.0, 1.0, -1.0, -2.0, -2.0, 5.0, 0.0, 1.0, 0.5]
     assert [r["acc"] for r in results] == [1.0, 1.0, 0.0, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0]
     assert [r["filtered"] for r in results] == [False] * 6 + [True, False, False]
     assert results[0]["pred"] == "\\sqrt{8}" and results[4]["pred"] == ""
     assert results[0]["valid"] and not results[3]["valid"] and results[4]["empty"]
+
+
+def test_compute_score_gives_nothing_for_a_truncated_rollout(in_repo: Path, pool_cfg: GradingConfig) -> None:
+    from components.grading.verl_reward import compute_score
+
+    # The box is complete, but the rollout producer says the response hit the length limit.
+    cut = compute_score("x", VALID, "2\\sqrt{2}", {"finish_reason": "length"})
+    assert cut["truncated"] and cut["acc"] == 0.0 and cut["score"] == -1.0 and cut["pred"] == ""
+    unclosed = compute_score("x", VALID.replace("\\boxed{\\sqrt{8}}.", "\\boxed{\\sqrt{8"), "2\\sqrt{2}")
+    assert unclosed["truncated"] and unclosed["acc"] == 0.0
+    stopped = compute_score("x", VALID, "2\\sqrt{2}", None, finish_reason="stop")
+    assert not stopped["truncated"] and stopped["acc"] == 1.0
 
 
 def test_bad_reward_settings_fail_clearly(in_repo: Path) -> None:
@@ -90,12 +102,19 @@ def test_bad_reward_settings_fail_clearly(in_repo: Path) -> None:
         ("\\frac{1}{2}", "\\frac{1}{2}"),  # a bare answer is not cut to its last number
         ("so we get \\boxed{0.5}", "0.5"),
         ("Final Answer: 12", "12"),
-        ("line one\nthe total is 7 apples", "7"),
+        ("line one\nthe total is 7 apples", None),  # no explicit answer, and last_number is opt-in
         ("   ", None),
+        ("it is \\boxed{12", None),  # truncated
     ],
 )
 def test_answer_of(pred: str, answer: str | None) -> None:
     assert answer_of(pred, GradingConfig()) == answer
+
+
+def test_answer_of_with_last_number_opted_in_and_finish_reasons() -> None:
+    cfg = GradingConfig.model_validate({"extraction": {"cli": {"fallbacks": ["answer_line", "last_number"]}}})
+    assert answer_of("line one\nthe total is 7 apples", cfg) == "7"
+    assert answer_of("so we get \\boxed{0.5}", GradingConfig(), "length") is None
 
 
 def test_grade_pair(pool_cfg: GradingConfig) -> None:
@@ -148,8 +167,9 @@ def test_npr_grade_and_check_format_commands(
     assert runner.invoke(app, ["grade", "--pred", "0.4", "--gold", "0.5"]).output.strip() == "false"
     (tmp_path / "p.jsonl").write_text(json.dumps({"pred": "3", "gold": "x=3"}) + "\nbad\n")
     result = runner.invoke(app, ["grade", "--jsonl", str(tmp_path / "p.jsonl")])
-    rows = [json.loads(line) for line in result.output.splitlines()]
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
     assert rows[0]["equal"] is True and "error" in rows[1]
+    assert result.exit_code == 1 and "errors 1" in result.stderr  # a row failed: non-zero, counts on stderr
     checked = runner.invoke(app, ["check-format", "-"], input=MALFORMED)
     report = json.loads(checked.output)
     assert report["valid"] is False and report == check_format_text(MALFORMED, "npr")

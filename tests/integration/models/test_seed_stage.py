@@ -81,3 +81,30 @@ def test_seed_builds_from_scratch_when_asked(tmp_path, in_repo):
     assert [h["step"] for h in history] == [1, 3]
     model, _ = load_model(io.output("model"), cfg.models, cfg.run)
     assert model.get_input_embeddings().weight.shape[0] % cfg.models.pad_embeddings_to_multiple_of == 0
+
+
+@pytest.mark.slow
+def test_the_seed_stage_run_twice_is_bit_identical(tmp_path):
+    # same machine, same torch thread count: every byte of the model and tokenizer, and every metric but
+    # the wall times (docs/architecture.md, "Reproducibility")
+    overrides = [
+        "models.base_model=tiny",
+        "seed.steps=6",
+        "seed.batch_size=8",
+        "seed.eval_n=8",
+        "seed.save_every=3",
+        "seed.warmup_steps=1",
+        "models.tiny.tokenizer_corpus_size=1000",
+    ]
+    runs = [_run_seed(tmp_path / name, overrides) for name in ("a", "b")]
+    files = [
+        sorted(p.relative_to(io.output("model")) for p in io.output("model").rglob("*"))
+        for _, io, _, _ in runs
+    ]
+    assert files[0] == files[1] and any(str(f) == "model.safetensors" for f in files[0])
+    for rel in files[0]:
+        a, b = (runs[i][1].output("model") / rel for i in (0, 1))
+        if a.is_file():
+            assert a.read_bytes() == b.read_bytes(), f"{rel} differs between two runs"
+    untimed = [{k: v for k, v in m.items() if "wall_time" not in k and k != "steps_per_s"} for *_, m in runs]
+    assert untimed[0] == untimed[1]

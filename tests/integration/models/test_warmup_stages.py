@@ -90,6 +90,9 @@ class _RecordingRun:
         self.logged: list[tuple[int | None, dict]] = []
         self.summaries: list[dict] = []
 
+    def resume_from(self, step: int) -> None:  # components.tracking.StageRun's resume hook
+        self.resumed_from = step
+
     def log(self, metrics: dict, step: int | None = None) -> None:
         self.logged.append((step, metrics))
 

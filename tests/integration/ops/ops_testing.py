@@ -10,9 +10,11 @@ from __future__ import annotations
 import configparser
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]
@@ -184,3 +186,42 @@ def git_commit(path: Path, message: str) -> None:
 def tree_bytes(root: Path) -> dict[str, bytes]:
     """Every file under ``root`` (relative path -> content), to compare workspaces byte for byte."""
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def copy_checkout(dest: Path) -> Path:
+    """Tracked and untracked-but-not-ignored files of this checkout, as a fresh git repository."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO,
+        capture_output=True,
+        check=True,
+    ).stdout.decode()
+    for rel in filter(None, listed.split("\0")):
+        src = REPO / rel
+        if src.is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+    run(["git", "init", "-q"], dest)
+    run(["git", "config", "user.email", "ops-tests@example.invalid"], dest)
+    run(["git", "config", "user.name", "ops tests"], dest)
+    git_commit(dest, "copy of the checkout")
+    return dest
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def group_alive(pid: int, grace_s: float = 5.0) -> bool:
+    """Whether any process of the group exists after ``grace_s`` (killed orphans take a moment to be reaped)."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        try:
+            os.killpg(pid, 0)
+        except ProcessLookupError:
+            return False
+        if time.monotonic() > deadline:
+            return True
+        time.sleep(0.1)

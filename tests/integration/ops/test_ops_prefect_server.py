@@ -6,15 +6,15 @@ The run goes through the API exactly as the UI's "Run" button does, on a tempora
 
 from __future__ import annotations
 
+import json
 import os
-import shutil
-import socket
-import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
-from ops_testing import REPO, VENV_BIN, git_commit, run
+import yaml
+from ops_testing import REPO, VENV_BIN, copy_checkout, free_port, group_alive, run
 
 from components.ops.prefect_ops import (
     api_url,
@@ -31,63 +31,92 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+EVAL_BENCH = {
+    "n_problems": 3, "n_samples": 2, "k": 2, "accuracy": 0.5, "pass@k": 0.6667, "format_valid_rate": 0.9,
+    "parallel_rate": 0.8, "parallel_rate_any": 0.9, "mean_branches_per_block": 2.0, "mean_tokens": 40.0,
+    "truncation_rate": 0.0,
+}  # fmt: skip
+EVAL_METRICS = {
+    "settings": {"sampling": {"temperature": 1.0}, "prompt_hash": "abc", "engine_version": {"torch": "2.13.0"}},
+    "checkpoints": {
+        name: {
+            "mode": mode, "benchmarks": {"tiny_test": {**EVAL_BENCH, "accuracy": acc}}, "average_accuracy": acc,
+            "throughput": {"tokens_per_s": 900.0, "ideal_speedup": 1.9, "mean_tokens": 40.0,
+                           **({"achieved_speedup": 1.61, "sequential_tokens_per_s": 560.0} if mode == "parallel" else {})},
+        }
+        for name, mode, acc in (("seed", "sequential", 0.125), ("papo_rl", "parallel", 0.375))
+    },
+    "wall_time_s": 12.5,
+    "provenance": {"stage": "evaluate", "profile": "tiny"},
+}  # fmt: skip
 
 
-def _copy_repo(dest: Path) -> Path:
-    """Tracked and untracked-but-not-ignored files of the checkout, as a fresh git repository."""
-    listed = (
-        subprocess.run(
-            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-            cwd=REPO,
-            capture_output=True,
-            check=True,
-        )
-        .stdout.decode()
-        .split("\0")
+def _enum(schema: dict, prop: dict) -> list:
+    """The choices of one form field (a Literal, possibly inside list[...] | None or a $ref)."""
+    if "enum" in prop:
+        return prop["enum"]
+    if "$ref" in prop:
+        return _enum(schema, schema["definitions"][prop["$ref"].rsplit("/", 1)[-1]])
+    for key in ("items", "anyOf", "allOf"):
+        for sub in [prop[key]] if isinstance(prop.get(key), dict) else prop.get(key, []):
+            if found := _enum(schema, sub):
+                return found
+    return []
+
+
+def _wait(client, flow_run, timeout_s: float = 240):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        flow_run = client.read_flow_run(flow_run.id)
+        if flow_run.state and flow_run.state.type.value in FINAL:
+            break
+        time.sleep(2)
+    return flow_run
+
+
+def _stage_runs(client, flow_run) -> list:
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id])))
+    return [t for t in runs if t.name.startswith("stage-")]
+
+
+def _artifacts(client, flow_run) -> dict[str, str]:
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    found = client.read_artifacts(
+        artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run.id]))
     )
-    for rel in filter(None, listed):
-        src = REPO / rel
-        if src.is_file():
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dest / rel)
-    run(["git", "init", "-q"], dest)
-    run(["git", "config", "user.email", "ops-tests@example.invalid"], dest)
-    run(["git", "config", "user.name", "ops tests"], dest)
-    git_commit(dest, "copy of the checkout")
-    return dest
-
-
-def _group_alive(pid: int, grace_s: float = 5.0) -> bool:
-    """Whether any process of the group exists after ``grace_s`` (killed orphans take a moment to be reaped)."""
-    deadline = time.monotonic() + grace_s
-    while True:
-        try:
-            os.killpg(pid, 0)
-        except ProcessLookupError:
-            return False
-        if time.monotonic() > deadline:
-            return True
-        time.sleep(0.1)
+    return {a.key: a.data for a in found if a.key}
 
 
 def test_server_deployments_worker_and_a_pipeline_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from components.fingerprint import stage_fingerprint
 
     started = time.monotonic()
-    root = _copy_repo(tmp_path / "repo")
+    root = copy_checkout(tmp_path / "repo")
     # what `make run` does on a clean clone: raw data, then params.yaml from the profile
     run([str(VENV_BIN / "npr"), "data", "fetch"], root)
-    run([str(VENV_BIN / "npr"), "config", "use", "tiny"], root)
+    run(
+        [
+            str(VENV_BIN / "npr"),
+            "config",
+            "use",
+            "tiny",
+            "--set",
+            "sample_orz.synthetic_pool=3000",
+            "--set",
+            "sample_orz.n=1000",
+            "--set",
+            "sample_orz.test_n=100",
+        ],
+        root,
+    )
     timings = {"copy+fetch": time.monotonic() - started}
     for key, value in {
         "PREFECT_HOME": str(tmp_path / "prefect_home"),
@@ -97,7 +126,7 @@ def test_server_deployments_worker_and_a_pipeline_run(
     }.items():
         monkeypatch.setenv(key, value)
     cfg = load_orchestration(root)
-    url = api_url("127.0.0.1", _free_port())
+    url = api_url("127.0.0.1", free_port())
     server = launch_server("127.0.0.1", int(url.rsplit(":", 1)[1].split("/")[0]), log=tmp_path / "server.log")
     worker = None
     try:
@@ -114,40 +143,118 @@ def test_server_deployments_worker_and_a_pipeline_run(
             assert deployments["nightly-eval"].work_pool_name == "cpu"  # tiny: orchestration.nightly_pool
             (schedule,) = deployments["nightly-eval"].schedules
             assert (schedule.schedule.cron, schedule.schedule.timezone) == ("0 3 * * *", "UTC")
-            form = deployments["npr-pipeline"].parameter_openapi_schema["properties"]
+            pipeline = deployments["npr-pipeline"]
+            schema = pipeline.parameter_openapi_schema
+            form = schema["properties"]
             assert {"profile", "stages", "overrides"} <= set(form)
+            # the run form's choices come from configs/ and dvc.yaml
+            assert sorted(_enum(schema, form["profile"])) == sorted(
+                p.stem for p in (root / "configs").glob("*.yaml")
+            )
+            assert _enum(schema, form["stages"]) == list(
+                yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
+            )
+            assert "<" not in form["profile"].get("description", "")  # no markup the UI would swallow
+            assert pipeline.enforce_parameter_schema
+            # a wrong value is refused at submission, not discovered by a failing run
+            for bad in ({"profile": "tiny2"}, {"profile": "tiny", "stages": ["sample-orz"]}):
+                with pytest.raises(Exception, match="(?i)valid"):
+                    client.create_flow_run_from_deployment(pipeline.id, parameters=bad)
 
-            flow_run = client.create_flow_run_from_deployment(
-                deployments["npr-pipeline"].id, parameters={"profile": "tiny", "stages": ["sample_orz"]}
-            )
-            deadline = time.monotonic() + 240
-            while time.monotonic() < deadline:
-                flow_run = client.read_flow_run(flow_run.id)
-                if flow_run.state and flow_run.state.type.value in FINAL:
-                    break
-                time.sleep(2)
-            timings["flow run"] = time.monotonic() - mark
+            runs = []
+            for _ in range(2):  # the second run finds the stage up to date
+                flow_run = client.create_flow_run_from_deployment(
+                    pipeline.id, parameters={"profile": "tiny", "stages": ["sample_orz"]}
+                )
+                runs.append(_wait(client, flow_run))
+                logs = (tmp_path / "worker.log").read_text(errors="replace")[-4000:]
+                assert runs[-1].state is not None and runs[-1].state.type.value == "COMPLETED", logs
+            timings["two flow runs"] = time.monotonic() - mark
+            stage_runs = [_stage_runs(client, r) for r in runs]
+            artifacts = [_artifacts(client, r) for r in runs]
+
+            # an evaluation's artifacts, published inside a flow run on this server
+            mark = time.monotonic()
+            report_dir = tmp_path / "evalroot" / "artifacts" / "evaluate" / "report"
+            _write_report(report_dir)
+            eval_run_id = _publish_evaluation(url, tmp_path / "evalroot")
+            eval_artifacts = {
+                a.key: a.data for a in client.read_artifacts() if str(a.flow_run_id) == eval_run_id
+            }
+            timings["evaluation artifacts"] = time.monotonic() - mark
             print("timings (s):", {k: round(v, 1) for k, v in timings.items()})
-            logs = (tmp_path / "worker.log").read_text(errors="replace")[-4000:]
-            assert flow_run.state is not None and flow_run.state.type.value == "COMPLETED", logs
-            task_runs = client.read_task_runs(
-                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id]))
-            )
     finally:
         if worker is not None:
             stop_process_group(worker)  # workers first: one whose server is gone ignores SIGTERM
         stop_process_group(server)
 
-    stage_runs = [t for t in task_runs if t.name.startswith("stage-")]
     # task run names are "<task name>-<short suffix>"; the task is named stage-<stage>
-    assert [t.name.rsplit("-", 1)[0] for t in stage_runs] == ["stage-sample_orz"]
+    assert [t.name.rsplit("-", 1)[0] for t in stage_runs[0]] == ["stage-sample_orz"]
+    # whether the stage ran or DVC found it up to date is the task's state name
+    assert [r[0].state.name for r in stage_runs] == ["Ran", "Up to date"]
     monkeypatch.chdir(root)
     from components.config import load_config
     from components.dag import load_stages
 
     expected_version = stage_fingerprint(load_stages()["sample_orz"], load_config())
-    assert stage_runs[0].task_version == expected_version
+    assert stage_runs[0][0].task_version == expected_version
     assert (root / "artifacts/sample_orz/problems").is_dir()
     assert any((root / "dvc-remote" / "files" / "md5").rglob("*.dir"))  # pushed to the local remote
+    # the artifact carries the stage's real numbers, and says how the task went
+    flat = json.loads((root / "metrics/sample_orz.json").read_text())
+    first, second = artifacts[0]["sample-orz-metrics"], artifacts[1]["sample-orz-metrics"]
+    assert f"| n_train | {flat['n_train']} |" in first and f"| rows_in | {flat['rows_in']} |" in first
+    assert "ran in" in first and "up to date" in second
+    # the stage's progress lines became a progress artifact of its task: finished at 100 %
+    assert float(artifacts[0]["sample-orz-progress"]) == 100.0
+    assert "quarantine_reasons" not in first or "| quarantine_reasons/" in first  # nested -> flattened
+    # the evaluation's tables and the report's plots, embedded (a Prefect artifact cannot link files)
+    metrics = eval_artifacts["evaluate-metrics"]
+    assert "| papo_rl | parallel | 37.5 | 37.5 |" in metrics  # Table 2: accuracy per benchmark, average
+    assert "1.61" in metrics and "| papo_rl/speedup | 1.61 |" in metrics
+    report = eval_artifacts["evaluate-report"]
+    assert report.count("](data:image/png;base64,") == 2 and "](accuracy.png)" not in report
     for proc in (worker, server):
-        assert not _group_alive(proc.pid), f"process group {proc.pid} still running"
+        assert not group_alive(proc.pid), f"process group {proc.pid} still running"
+
+
+def _write_report(report_dir: Path) -> None:
+    from components.evaluation.plots import render_pngs
+    from components.evaluation.report import render_report
+
+    images = render_pngs(EVAL_METRICS, report_dir)
+    text = render_report(EVAL_METRICS, "Evaluation", [p.name for p in images.values()])
+    (report_dir / "report.md").write_text(text)
+
+
+PUBLISH = """
+import json, sys
+from prefect import flow
+from prefect.runtime import flow_run
+from flows.pipeline import _publish
+
+metrics = json.load(open(sys.argv[1]))
+
+
+@flow(name="publish-evaluation-test")
+def publish() -> str:
+    _publish("evaluate", "test-version", metrics, "ran", 13.0)
+    return str(flow_run.get_id())
+
+
+print("FLOW_RUN", publish())
+"""
+
+
+def _publish_evaluation(url: str, cwd: Path) -> str:
+    """Publish an evaluation's artifacts from a flow run on the server at ``url``, in a process of its own:
+    a flow run in this process would leave Prefect's event and log workers bound to a server the test
+    then stops (the next Prefect test of the process hung in its teardown)."""
+    (cwd / "metrics.json").write_text(json.dumps(EVAL_METRICS))
+    env = {
+        **os.environ,
+        "PREFECT_API_URL": url,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+    out = run([sys.executable, "-c", PUBLISH, str(cwd / "metrics.json")], cwd, env=env).stdout
+    return out.rsplit("FLOW_RUN ", 1)[1].split()[0]

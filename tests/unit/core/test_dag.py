@@ -130,3 +130,25 @@ def test_code_closure_follows_lazy_imports_and_stops_at_plumbing(tmp_path: Path)
         "components/lib/math.py",
         "components/stages/toy.py",
     ]
+
+
+def test_every_stage_declares_its_record_flat_metrics_and_plots(in_repo: Path) -> None:
+    """artifacts/<stage>/metrics.json (cached out), metrics/<stage>.json (DVC metrics, git-tracked) and, for
+    the training stages and evaluate, plots/<stage>/ (git-tracked plot rows)."""
+    training = {"seed", "npr_zero", "parallel_warmup", "sequential_warmup", "papo_rl", "sr_rl", "evaluate"}
+    training |= {"pr1_coldstart", "pr1_rl"}
+    raw = yaml.safe_load(Path("dvc.yaml").read_text())["stages"]
+    for name in load_stages():
+        io = stage_io(name)
+        assert io.metrics == Path(f"artifacts/{name}/metrics.json")
+        assert io.summary == (
+            Path("metrics/evaluate") if name == "evaluate" else Path(f"metrics/{name}.json")
+        )
+        assert {str(io.summary): {"cache": False}} in raw[name]["metrics"]
+        assert (io.plots == Path(f"plots/{name}")) == (name in training), name
+        if io.plots is not None:
+            assert {str(io.plots): {"cache": False}} in raw[name]["outs"]
+        assert io.work_dir == Path(f"artifacts/{name}/work")
+        assert "metrics.json" not in io.outputs and all(
+            str(p).startswith("artifacts/") for p in io.outputs.values()
+        )

@@ -85,3 +85,29 @@ def test_shared_orz_subset_counts():
     rows, infos = load_orz_rows(SHARED_ORZ / "orz_math_57k_collected_w_num_correct_n_2048_rollouts_4.json")
     assert len(rows) == 2048 and not infos[0].truncated
     assert rows[0]["answer"] == "n = 4" and rows[0]["origin"].endswith("#0")
+
+
+def test_wrong_typed_fields_keep_their_raw_value():
+    row = normalise_item(_item(123456, "7"), "f#0")
+    assert row["problem"] is None and row["raw_fields"] == {"problem": {"type": "int", "value": 123456}}
+    for answer, kind, raw in [
+        (float("nan"), "float", "NaN"),
+        (float("-inf"), "float", "-Infinity"),
+        (True, "bool", True),
+        ([1, 2], "list", [1, 2]),
+        ({"a": 1}, "dict", {"a": 1}),
+    ]:
+        row = normalise_item(_item("What is it?", answer), "f#1")
+        assert row["answer"] is None and row["raw_fields"] == {"answer": {"type": kind, "value": raw}}
+    # finite numbers are answers; a missing answer is just missing (no raw value to keep)
+    assert normalise_item(_item("Q?", 2.5), "x")["answer"] == "2.5"
+    assert "raw_fields" not in normalise_item(_item("Q?", None), "x")
+
+
+def test_a_json_nan_answer_is_read_as_a_wrong_typed_value(tmp_path):
+    (tmp_path / "nan.json").write_text(
+        '[[{"from": "human", "value": "What is 0/0?"}, '
+        '{"from": "assistant", "ground_truth": {"value": NaN}}]]'
+    )
+    (row,), _ = load_orz_rows(tmp_path / "nan.json")
+    assert row["answer"] is None and row["raw_fields"]["answer"] == {"type": "float", "value": "NaN"}

@@ -51,20 +51,35 @@ def test_profiles_are_consistent(profile: str, in_repo: Path) -> None:
     names = [b.name for b in cfg.evaluate.benchmarks]
     assert set(cfg.nightly.benchmarks or names) <= set(names)
     assert cfg.nightly.checkpoint in cfg.evaluate.checkpoints
-    # Each trained checkpoint is evaluated with the instruction its stage trained on.
+    # Each trained checkpoint is evaluated with the instruction its stage trained on, in its schema, and a
+    # checkpoint trained with the parallel mask decodes in parallel.
     for name in cfg.evaluate.checkpoints:
-        trained_on = getattr(getattr(cfg, name), "prompt_style", "parallel")
-        assert cfg.evaluate.prompt_style_for(name) == trained_on, name
+        section = getattr(cfg, name)
+        assert cfg.prompt_style_of(name) == getattr(section, "prompt_style", "parallel"), name
+        assert cfg.schema_of(name) == (getattr(section, "SCHEMA", None) or cfg.schema_name), name
+        trained_mode = getattr(section, "mode", getattr(section, "engine_mode", None))
+        if trained_mode == "parallel":
+            assert cfg.decode_mode_of(name) == "parallel", name
+    for name in cfg.parallel_r1.STAGES:
+        assert name in cfg.evaluate.checkpoints
+        assert cfg.decode_mode_of(name) == cfg.parallel_r1.mode
     io = stage_io("evaluate")
     for name in cfg.evaluate.checkpoints:
         io.input(f"{name}/model")  # raises if dvc.yaml does not declare it
 
 
 def test_plot_files_are_the_ones_dvc_yaml_declares(in_repo: Path) -> None:
-    stage = yaml.safe_load(Path("dvc.yaml").read_text())["stages"]["evaluate"]
-    declared = {path: spec for item in stage["plots"] for path, spec in item.items()}
+    dvc = yaml.safe_load(Path("dvc.yaml").read_text())
     out = stage_outputs(stage_io("evaluate"))
-    assert set(declared) == {str(out.plots_dir / ACCURACY_JSON), str(out.plots_dir / SPEEDUP_JSON)}
-    assert declared[str(out.plots_dir / ACCURACY_JSON)]["y"] == "accuracy"
-    assert declared[str(out.plots_dir / SPEEDUP_JSON)]["y"] == "achieved_speedup"
-    assert all(spec["x"] == "checkpoint" for spec in declared.values())
+    assert {"plots/evaluate": {"cache": False}} in dvc["stages"]["evaluate"]["outs"]
+    bars = {
+        next(iter(d["x"])): (next(iter(d["x"].values())), next(iter(d["y"].values())))
+        for item in dvc["plots"]
+        for d in item.values()
+        if d.get("template") == "bar_horizontal"
+    }
+    # categorical bars: the value on x, the checkpoint name on y
+    assert bars == {
+        str(out.plots_dir / ACCURACY_JSON): ("accuracy", "checkpoint"),
+        str(out.plots_dir / SPEEDUP_JSON): ("achieved_speedup", "checkpoint"),
+    }

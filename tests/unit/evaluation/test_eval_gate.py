@@ -196,3 +196,26 @@ def test_baseline_keeps_the_benchmarks_the_nightly_runs(
     ]
     with pytest.raises(KeyError, match="math500"):
         write_baseline(ev, tiny_cfg, tmp_path / "c.yaml", benchmarks=["math500"])
+
+
+def test_the_verdict_never_depends_on_the_checkpoint_hash(
+    baseline: Any, make_eval: Any, nightly_cfg: Any
+) -> None:
+    # the same numbers from a checkpoint whose bytes differ (another machine of the same kind, a retrain)
+    result = _gate(make_eval(0.6, checkpoint_hash="sha256:0ther"), nightly_cfg, baseline=baseline)
+    assert result.verdict == "pass" and not result.warnings()
+    (hash_check,) = [c for c in result.checks if c.metric == "checkpoint_hash"]
+    assert hash_check.current == "sha256:0ther" and "reported only" in hash_check.reason
+
+
+def test_a_malformed_baseline_is_one_clear_error(tmp_path: Path, baseline: Any) -> None:
+    from components.errors import UserError
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("tag: x\nbenchmarks: [unclosed\n")
+    with pytest.raises(UserError, match=rf"baseline {bad}: line \d+, column \d+: not valid YAML"):
+        load_baseline(bad)
+    text = (tmp_path / "tiny-papo_rl.yaml").read_text().replace("checkpoint_hash:", "checkpoint_hsh:")
+    bad.write_text(text)
+    with pytest.raises(UserError, match=rf"baseline {bad}: checkpoint_hash: Field required"):
+        load_baseline(bad)

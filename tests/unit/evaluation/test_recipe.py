@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from components.evaluation.bounds import bootstrap_ratio_interval, paired_bootstrap_difference
-from components.evaluation.recipe import RECIPE_ORDER, recipe_markdown, recipe_summary
+from components.evaluation.recipe import RECIPE_ORDER, checkpoint_row, recipe_markdown, recipe_summary
 
 A = [1, 0.5, 1, 0, 1, 0.5, 1, 1, 0, 1]
 B = [0.5, 0.5, 0, 0, 1, 0, 1, 0.5, 0, 0.5]
@@ -87,6 +87,8 @@ def test_recipe_summary_orders_rows_and_measures_every_claim():
         "sequential_warmup": 0.4,
         "papo_rl": 0.7,
         "sr_rl": 0.5,
+        "pr1_rl": 0.6,
+        "pr1_coldstart": 0.3,
     }
     # listed in the order the runner evaluates them, not the paper's
     records = {
@@ -99,10 +101,17 @@ def test_recipe_summary_orders_rows_and_measures_every_claim():
     npr = next(r for r in summary["rows"] if r["paper_name"] == "NPR")
     assert npr["parallel_rate"][0] == 1.0 and npr["ideal_speedup"][0] == pytest.approx(150 / 70)
     claims = {c["claim"]: c for c in summary["claims"]}
-    assert list(claims) == ["NPR ≥ seed (instruct)", "NPR ≥ SR", "NPR > NPR-Beta", "NPR-Beta ≥ SR-Beta"]
+    assert list(claims) == [
+        "NPR ≥ seed (instruct)",
+        "NPR ≥ SR",
+        "NPR > NPR-Beta",
+        "NPR-Beta ≥ SR-Beta",
+        "NPR ≥ Parallel-R1",
+    ]
     npr_beta = claims["NPR > NPR-Beta"]
     assert npr_beta["holds"] and npr_beta["significant"]
     assert npr_beta["interval"][0] <= npr_beta["difference"] <= npr_beta["interval"][1]
+    assert claims["NPR ≥ Parallel-R1"]["difference"] == pytest.approx(0.1, abs=0.05)
     targets = {t["target"]: t for t in summary["targets"]}
     assert targets["NPR parallel rate ≥ 0.95"]["holds"]
     assert targets["NPR ideal speedup ≥ 2"]["holds"]
@@ -132,3 +141,13 @@ def test_claims_need_the_same_problems_and_skip_missing_checkpoints():
     records["seed"]["tiny_test"] = _records("seed", 10, 0.5, False, 1)
     summary = recipe_summary(_metrics(flat), records, "tiny_test", n_resamples=100)
     assert [c["claim"] for c in summary["claims"]] == ["NPR ≥ seed (instruct)"]
+
+
+def test_the_speedup_comes_from_the_evaluations_throughput_block():
+    # the evaluate stage's metrics keep the speedup decode's numbers under each checkpoint's "throughput"
+    recs = _records("papo_rl", 10, 0.5, True, 0)
+    metrics = _metrics({"papo_rl": recs})["checkpoints"]["papo_rl"]
+    metrics.pop("speedup")
+    metrics["throughput"] = {"achieved_speedup": 1.5, "ideal_speedup": 2.0}
+    row = checkpoint_row("papo_rl", recs, metrics, 0.95, 200, 0)
+    assert row["achieved_speedup"] == 1.5 and row["speedup_efficiency"] == pytest.approx(0.75)

@@ -44,7 +44,32 @@ def no_pool(monkeypatch: pytest.MonkeyPatch) -> None:
         ("50\\%", "50"),
         ("x = 3", "3"),
         ("a_n = 2^n", "2^n"),
-        ("x = y = 3", "x=y=3"),
+        ("x = y = 3", "3"),  # a chain: its last right-hand side
+        ("x = 5+5+1 = 7 =11", "11"),
+        ("x \\approx 11", "11"),
+        ("x = 1/3 \\approx 0.33", "1/3"),  # the exact value wins over the approximation
+        ("f(x) = 1", "1"),
+        ("|AB| = 1", "1"),
+        ("(p,q) = (3,2)", "(3,2)"),
+        ("S_{MBCN}:S = 7:32", "7:32"),
+        ("I_{\\max } = \\frac{q}{2}", "\\frac{q}{2}"),
+        ("2x + 4y - 3 = 0", "2x+4y-3=0"),  # not a label: the equation stays
+        ("7 = 11a+c", "7=11a+c"),
+        ("x \\in [-2, 7]", "[-2,7]"),
+        ("14{,}916", "14916"),
+        ("16,\\!386.20", "16386.20"),
+        ("11,\\! 111,\\! 111,\\! 100", "11111111100"),
+        ("32, 349", "32,349"),  # a comma and a space: a list, not a thousands separator
+        ("\\$1,000.99", "1000.99"),
+        ("$1,000.99", "1000.99"),  # a lone dollar is currency
+        ("1,000.99€", "1000.99"),
+        ("36 dollars", "36"),
+        ("$125$ miles", "125"),
+        ("28 pct", "28"),
+        ("\\textbf{(211) }", "211"),
+        ("\\\\frac{1}{2}", "\\frac{1}{2}"),  # a doubled backslash before a command
+        ("6 \\text{ and } 8", "6,8"),
+        ("19, 46, and 82", "19,46,82"),
         ("\\boxed{\\sqrt 2}", "\\sqrt{2}"),
         ("1,000,000", "1000000"),
         ("(1,234)", "(1,234)"),
@@ -96,6 +121,13 @@ def test_gold_candidates_handle_every_benchmark_type() -> None:
     assert gold_candidates(" \\frac{3}{2} ") == ("\\frac{3}{2}",)
     assert gold_candidates(["3.89e-10\n", "3.89e-10"]) == ("3.89e-10",)
     assert gold_candidates(np.array(["1", "2"], dtype=object)) == ("1", "2")
+    # a gold written as a solution text stands for the answer it states
+    assert gold_candidates("The correct result is \\boxed{42}") == ("42",)
+    assert gold_candidates("answer is 0.25 + 3") == ("0.25 + 3",)
+    solution = (
+        "Adding the two cases gives the total, and nothing else is possible. " * 2 + "So it is $\\boxed{7}$."
+    )
+    assert gold_candidates(solution) == ("7",)
     for bad in (None, [], "  ", [None], True, float("nan"), {"a": 1}):
         with pytest.raises(ValueError):
             gold_candidates(bad)
@@ -113,7 +145,26 @@ def test_gold_candidates_handle_every_benchmark_type() -> None:
         ("995", "995\\text{ dollars}", Verdict(True, "exact")),
         ("336", "336^\\circ", Verdict(True, "exact")),
         ("26", "27", Verdict(False, "numeric")),
-        ("0.1", "10\\%", Verdict(False, "numeric")),
+        ("0.1", "10\\%", Verdict(True, "numeric")),  # a percent also reads as its value over 100
+        ("10", "10\\%", Verdict(True, "exact")),  # MATH's convention: the sign may be left out
+        ("60\\%", "0.6", Verdict(True, "numeric")),
+        ("0.2", "10\\%", Verdict(False, "numeric")),
+        ("1000,99", "1000.99", Verdict(True, "numeric")),  # a decimal comma
+        ("0.111", "0,111", Verdict(True, "numeric")),
+        ("1,000", "1", Verdict(False, "numeric")),  # a group of three digits is a thousands separator
+        ("-2, 1", "1,-2", Verdict(True, "list")),  # "all solutions": a set
+        ("\\{-2, 1\\}", "1,-2", Verdict(True, "list")),
+        ("1, -2, 3", "1,-2", Verdict(False, "list")),
+        ("(1,-2)", "(-2,1)", Verdict(False, "list")),  # an ordered pair in the wrong order
+        ("(-1,31,6)", "(6,31,-1)", Verdict(False, "list")),
+        ("6, 31, -1", "(6,31,-1)", Verdict(True, "list")),  # boxes joined in order read as the tuple
+        ("(4,3]", "(3,4]", Verdict(False, "list")),  # an interval reversed
+        ("x=-5, p=\\frac{14}{3}", "-5, \\frac{14}{3}", Verdict(True, "list")),
+        (
+            "$\\begin{vmatrix} 2 & 1 \\\\ 1 & 2 \\end{vmatrix} = 3$",
+            "3",
+            Verdict(True, "exact"),
+        ),  # a computation
         ("  ", "3", Verdict(False, "no_answer")),
         ("12", "(-\\frac{1}{2}, \\frac{7}{2})", Verdict(False, "number_vs_expression")),
         ("81", "\\frac{2 \\pi c^{2}}{\\lambda^{5}}", Verdict(False, "number_vs_expression")),

@@ -6,7 +6,6 @@ import ast
 import importlib.metadata
 import json
 import re
-import shlex
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,6 @@ import yaml
 from components.ops.launch import (
     LaunchSpecError,
     load_spec,
-    ray_job_submit_command,
     sglang_server_command,
 )
 from components.ops.prefect_ops import gpu_pool_template, process_pool_template
@@ -104,18 +102,30 @@ def test_one_image_name_everywhere() -> None:
 
 
 def test_gpu_requirements_follow_verls_sglang_extra() -> None:
+    """Every pin of verl[sglang] is met by the image: requirements.txt, or its SGLang base (sglang and the
+    torch audio/vision builds it ships; tests/integration/ops/test_gpu_image.py resolves both)."""
     pins = {}
     for line in (INFRA / "gpu" / "requirements.txt").read_text().splitlines():
         line = line.split("#")[0].strip()
         if "==" in line:
             name, version = line.split("==")
             pins[re.sub(r"\[.*\]", "", name).lower()] = version
+    base = re.search(
+        r"^FROM lmsysorg/sglang:v(\S+)-cu(\d+)", (INFRA / "gpu" / "Dockerfile").read_text(), re.M
+    )
+    assert base, "the GPU image is built on SGLang's release image"
+    from_base = {"sglang": base.group(1), "torchvision": "base", "torchaudio": "base"}
     requires = importlib.metadata.requires("verl")
     extra = [r for r in requires if 'extra == "sglang"' in r and "==" in r.split(";")[0]]
     assert extra, "verl's sglang extra lists no pins"
     for req in extra:
         name, version = req.split(";")[0].strip().split("==")
-        assert pins.get(name.lower()) == version, f"{name} must be pinned to {version} (verl[sglang])"
+        name = name.lower()
+        if name in pins:
+            assert pins[name] == version, f"{name} must be pinned to {version} (verl[sglang])"
+        else:
+            assert name in from_base, f"{name}=={version} (verl[sglang]) is neither pinned nor in the base"
+            assert from_base[name] in (version, "base"), f"the base image has {name} {from_base[name]}"
     assert pins["verl"] == importlib.metadata.version("verl")
 
 
@@ -156,7 +166,8 @@ def test_gpu_job_variables_are_declared_by_both_pool_templates() -> None:
 
 def test_sglang_command_renders_the_spec_and_matches_the_k8s_server() -> None:
     spec = load_spec(INFRA / "sglang" / "server.yaml")
-    argv = sglang_server_command(spec)
+    # k8s expands $(NPR_SGLANG_API_KEY) from the secret: rendering with that text gives the container's argv
+    argv = sglang_server_command(spec, env={spec["api_key_env"]: f"$({spec['api_key_env']})"})
     assert argv[:3] == ["python", "-m", "sglang.launch_server"]
     assert argv[argv.index("--tp-size") + 1] == str(spec["tp_size"])
     assert argv[argv.index("--mem-fraction-static") + 1] == "0.85"
@@ -170,13 +181,34 @@ def test_sglang_command_renders_the_spec_and_matches_the_k8s_server() -> None:
         sglang_server_command({k: v for k, v in spec.items() if k != "model_path"})
 
 
-def test_ray_job_submission_of_a_stage() -> None:
+def test_ray_job_submission_of_a_stage(tmp_path, monkeypatch) -> None:
+    """The job the flow submits for a verl stage on a running cluster: the spec's entrypoint, its env vars
+    plus the W&B/S3/NPR settings in a 0600 runtime-env file (never on the command line), removed after."""
+    import subprocess
+
+    from components.training import ray_cluster
+
+    seen = {}
+
+    def run(argv, env, timeout, check):
+        runtime = Path(argv[argv.index("--runtime-env") + 1])
+        seen.update(argv=argv, mode=runtime.stat().st_mode & 0o777, runtime=json.loads(runtime.read_text()))
+        return subprocess.CompletedProcess(argv, 0)
+
+    monkeypatch.setattr(subprocess, "run", run)
     spec = load_spec(INFRA / "ray" / "job.yaml")
-    argv = ray_job_submit_command("papo_rl", spec, run_id="r1", address="http://head:8265")
-    assert argv[:3] == ["ray", "job", "submit"] and argv[argv.index("--address") + 1] == "http://head:8265"
+    environ = {"WANDB_API_KEY": "k", "AWS_SECRET_ACCESS_KEY": "s", "HOME": "/root", "RAY_AUTH_MODE": "token"}
+    ray_cluster.submit_stage_job("papo_rl", spec, "r1", "http://head:8265", tmp_path, environ)
+    argv = seen["argv"]
+    assert argv[1:3] == ["job", "submit"] and argv[argv.index("--address") + 1] == "http://head:8265"
     assert argv[argv.index("--submission-id") + 1] == "npr-papo_rl-r1"
-    env = json.loads(argv[argv.index("--runtime-env-json") + 1])["env_vars"]
+    assert "k" not in argv and "s" not in argv and seen["mode"] == 0o600
+    env = seen["runtime"]["env_vars"]
     assert env["NPR_PIPELINE_RUN_ID"] == "r1" and env["DVC_NO_ANALYTICS"] == "1"
+    assert env["WANDB_API_KEY"] == "k" and env["AWS_SECRET_ACCESS_KEY"] == "s" and "HOME" not in env
+    assert "RAY_AUTH_MODE" not in env  # the cluster's own auth settings are not overridden by a job
+    assert seen["runtime"]["working_dir"] == "." and "artifacts/" in seen["runtime"]["excludes"]
     script = argv[argv.index("--") + 3]
-    assert shlex.split(script)[:4] == ["dvc", "repro", "--pull", "--single-item"] and "papo_rl" in script
+    assert "dvc repro --pull --single-item papo_rl" in script
     assert "dvc push --run-cache -r s3 papo_rl" in script
+    assert not list(tmp_path.iterdir())  # the runtime-env file (it holds keys) is gone

@@ -18,10 +18,22 @@ from components.dag import independent_stages, load_stages, stage_order
 from components.env import THREADS_ENV, torch_threads
 
 REPO = Path(__file__).resolve().parents[3]
-BRANCHES = {"parallel_warmup", "papo_rl", "sequential_warmup", "sr_rl"}
+# The NPR and SR branches after reject_filter; the Parallel-R1 branch after seed, beside everything from
+# npr_zero on.
+BRANCHES = {
+    "npr_zero",
+    "distill",
+    "reject_filter",
+    "parallel_warmup",
+    "papo_rl",
+    "sequential_warmup",
+    "sr_rl",
+    "pr1_coldstart",
+    "pr1_rl",
+}
 
 
-def test_independent_stages_are_the_npr_and_sr_branches(monkeypatch):
+def test_independent_stages_are_the_npr_sr_and_parallel_r1_branches(monkeypatch):
     monkeypatch.chdir(REPO)
     assert independent_stages(load_stages()) == BRANCHES
 
@@ -53,7 +65,9 @@ def run_stubbed(monkeypatch, tmp_path: Path, parallel: int) -> dict[str, dict[st
     runs: dict[str, dict[str, Any]] = {}
     lock = threading.Lock()
 
-    def fake_stage(stage, profile, gpu, run_id, threads):
+    def fake_stage(stage, profile, gpu, run_id, threads, report=None):
+        if report is not None:
+            report["outcome"] = "up to date" if stage == "sample_orz" else "ran"
         start = time.perf_counter()
         time.sleep(0.6 if stage in BRANCHES else 0.05)
         with lock:
@@ -82,6 +96,7 @@ def test_parallel_flow_overlaps_independent_branches_only(harness, monkeypatch, 
         for up in spec.upstream:
             assert runs[up]["end"] <= runs[name]["start"], f"{name} started before {up} ended"
     assert overlap(runs["parallel_warmup"], runs["sequential_warmup"])
+    assert overlap(runs["pr1_coldstart"], runs["npr_zero"])
     assert {s for s, r in runs.items() if r["threads"] is not None} == BRANCHES
     assert {r["threads"] for s, r in runs.items() if s in BRANCHES} == {1}  # 2 torch threads, 2 stages
     starts = sorted((r["start"], 1) for r in runs.values()) + sorted((r["end"], -1) for r in runs.values())

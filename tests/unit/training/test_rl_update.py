@@ -100,8 +100,8 @@ def test_summary_reports_a_gain_only_when_measured_before_training(world, tmp_pa
     trainer = RLTrainer("papo_rl", cfg, model, tok, problems, problems, tmp_path)
     scores = {"format_valid": 0.5, "accuracy": 0.2, "correct_and_valid": 0.1, "parallel_rate": 0.5}
     trainer.evals = [{"step": 12, **scores}]
-    out = trainer.summary([], resumed=False)
+    out = trainer.summary()
     assert out["final/accuracy"] == 0.2 and not any(k.startswith(("initial/", "delta/")) for k in out)
     trainer.evals = [{"step": 0, **scores, "accuracy": 0.1}, {"step": 12, **scores}]
-    out = trainer.summary([], resumed=False)
+    out = trainer.summary()
     assert out["initial/accuracy"] == 0.1 and out["delta/accuracy"] == pytest.approx(0.1)

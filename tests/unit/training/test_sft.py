@@ -232,3 +232,53 @@ def test_length_splits_take_the_same_step_as_one_pass(world, mode):
     for key, delta in deltas[0].items():
         scale = float(delta.abs().max())
         torch.testing.assert_close(deltas[1][key], delta, rtol=0, atol=1e-4 * scale + 1e-10, msg=key)
+
+
+class _CountingSource:
+    """A step source that counts what it served (as the seed's skips held-out problems), and can crash."""
+
+    def __init__(self, examples, crash_at=None) -> None:
+        self.examples, self.crash_at, self.served = examples, crash_at, 0
+
+    def __call__(self, step):
+        if step == self.crash_at:
+            raise RuntimeError("killed")
+        self.served += 1
+        return self.examples
+
+    def state_dict(self):
+        return {"served": self.served}
+
+    def load_state_dict(self, state):
+        self.served = state["served"]
+
+
+def test_a_resumed_run_reports_the_totals_of_an_uninterrupted_one(world, tmp_path):
+    model0, tokenizer = world
+    examples = _examples(tokenizer, 2, "sequential")
+    settings = SFTSettings(mode="sequential", total_steps=4, batch_size=2, lr=1e-3, save_every=2, log_every=1)
+
+    def fresh():
+        model = type(model0)(model0.config)
+        model.load_state_dict(model0.state_dict())
+        return model
+
+    def run(work, source):
+        return train_sft(
+            fresh(), source, settings, work, pad_id=tokenizer.pad_token_id, show_progress=False,
+            metrics_path=work / "train_metrics.json",
+        )  # fmt: skip
+
+    full_source = _CountingSource(examples)
+    full = run(tmp_path / "full", full_source)
+    with pytest.raises(RuntimeError, match="killed"):
+        run(tmp_path / "cut", _CountingSource(examples, crash_at=3))  # after the step-2 checkpoint
+    source = _CountingSource(examples)
+    resumed = run(tmp_path / "cut", source)
+    assert resumed.start_step == 2 and source.served == full_source.served == 4
+    assert resumed.train_tokens == full.train_tokens
+    untimed = [
+        [{k: v for k, v in h.items() if k != "step_time_s"} for h in r.history] for r in (full, resumed)
+    ]
+    assert untimed[0] == untimed[1]
+    assert resumed.wall_time_s > 0, "the training time of the steps before the resume is counted"

@@ -1,8 +1,11 @@
-"""verl launch: every generated override set composes with the installed verl's packaged Hydra config."""
+"""verl launch: every generated override set composes with the installed verl's packaged Hydra config, and
+verl's own validation accepts the job (``validate_job``) for both profiles and every RL stage (NPR's three,
+Parallel-R1's ``pr1_rl`` in both its Unseen and Seen variants)."""
 
 from __future__ import annotations
 
 import json
+import shlex
 
 import pytest
 import yaml
@@ -11,18 +14,20 @@ from omegaconf import OmegaConf
 from verl.trainer.config import AlgoConfig
 from verl.utils.config import omega_conf_to_dataclass
 
-from components.config import load_config
+from components.config import ConfigError, load_config
 from components.training.verl_launch import (
     PLUGIN_MODULE,
     VerlRunInputs,
     build_overrides,
     compose_verl_config,
     ray_job_command,
+    validate_job,
     write_launch_files,
 )
+from components.training.verl_launch import main as verl_launch_main
 
 INPUTS = VerlRunInputs("/models/seed", "/data/train.parquet", "/data/val.parquet", "/runs/x")
-STAGES = ["npr_zero", "papo_rl", "sr_rl"]
+STAGES = ["npr_zero", "papo_rl", "sr_rl", "pr1_rl"]
 
 
 @pytest.mark.parametrize("profile", ["tiny", "qwen3-4b"])
@@ -38,17 +43,51 @@ def test_overrides_compose_with_installed_verl(profile: str, stage: str):
     assert composed.reward.custom_reward_function.path == "components/grading/verl_reward.py"
     assert composed.reward.custom_reward_function.name == "compute_score"
     assert composed.reward.reward_kwargs.max_resp_len == stage_cfg.max_new_tokens
+    # every stage: the tag-keeping reward manager, our plugins imported by the workers
+    assert composed.reward.reward_manager.name == "npr"
+    assert composed.actor_rollout_ref.model.external_lib == PLUGIN_MODULE
     algo = omega_conf_to_dataclass(composed.algorithm)
     assert isinstance(algo, AlgoConfig)
+    rollout = composed.actor_rollout_ref.rollout
     if stage_cfg.algorithm == "papo":
         assert (composed.algorithm.adv_estimator, actor.policy_loss.loss_mode) == ("papo", "papo")
         assert composed.algorithm.rollout_correction.bypass_mode is True
-        assert composed.actor_rollout_ref.model.external_lib == PLUGIN_MODULE
         assert composed.algorithm.filter_groups.enable is False
+        assert rollout.agent.default_agent_loop == "npr_parallel" and rollout.calculate_log_probs is True
+        assert composed.actor_rollout_ref.model.use_remove_padding is False
+        assert actor.policy_loss.rollout_correction.rollout_is == "token"
+        assert (
+            actor.policy_loss.rollout_correction.rollout_is_threshold
+            == stage_cfg.rollout_correction.is_threshold
+        )
+    elif stage == "pr1_rl":
+        # Parallel-R1 (Unseen): GRPO on native parallel rollouts, trained with the canonical mask
+        assert (composed.algorithm.adv_estimator, actor.policy_loss.loss_mode) == ("grpo", "vanilla")
+        assert composed.algorithm.filter_groups.enable is False
+        assert composed.algorithm.rollout_correction.bypass_mode is False
+        assert rollout.agent.default_agent_loop == "npr_parallel" and rollout.calculate_log_probs is True
+        assert composed.actor_rollout_ref.model.use_remove_padding is False
+        assert composed.data.max_response_length == stage_cfg.max_new_tokens + 1
     else:
         assert (composed.algorithm.adv_estimator, actor.policy_loss.loss_mode) == ("grpo", "vanilla")
         assert composed.algorithm.filter_groups.enable is stage_cfg.dynamic_sampling
         assert composed.algorithm.rollout_correction.bypass_mode is False
+        assert rollout.agent.default_agent_loop == "single_turn_agent"
+
+
+def test_parallel_r1_paper_settings_reach_verl():
+    """qwen3-4b's pr1_rl carries the paper's run (rl_exp_s2.sh, npr-reference.md §3.5)."""
+    cfg = load_config(profile="qwen3-4b")
+    composed = compose_verl_config(build_overrides("pr1_rl", cfg.pr1_rl, INPUTS, "npr"))
+    actor, rollout = composed.actor_rollout_ref.actor, composed.actor_rollout_ref.rollout
+    assert composed.algorithm.adv_estimator == "grpo" and composed.algorithm.norm_adv_by_std_in_grpo is True
+    assert (composed.data.train_batch_size, rollout.n, actor.optim.lr) == (256, 8, 1e-6)
+    assert (composed.data.max_prompt_length, cfg.pr1_rl.max_new_tokens) == (2000, 3000)
+    assert (actor.clip_ratio_low, actor.clip_ratio_high, actor.ppo_mini_batch_size) == (0.2, 0.28, 128)
+    assert (actor.use_kl_loss, composed.algorithm.use_kl_in_reward) == (False, False)
+    assert (rollout.temperature, rollout.top_p, rollout.val_kwargs.n) == (1.0, 1.0, 1)
+    assert cfg.pr1_rl.reward == "accuracy_parallel_interv" and cfg.parallel_r1.paths == 2
+    assert cfg.parallel_r1.max_path_tokens == 4096 and cfg.pr1_rl.problems.source == "local"
 
 
 def test_paper_stage1_settings_reach_verl():
@@ -76,12 +115,15 @@ def test_an_unknown_key_fails_composition():
 
 
 def test_ray_job_command_imports_plugins_and_files_are_written(tmp_path):
-    cfg = load_config(profile="qwen3-4b")
+    # a stage submitted to a running Ray cluster (the profile's own-head form is checked at the end)
+    on_cluster = [f"{s}.verl.ray_address=http://head:8265" for s in ("papo_rl", "npr_zero")]
+    cfg = load_config(profile="qwen3-4b", overrides=on_cluster)
     overrides = build_overrides("papo_rl", cfg.papo_rl, INPUTS, "npr")
     argv = ray_job_command(cfg.papo_rl, overrides, "job-1")
     assert argv[:3] == ["ray", "job", "submit"]
     env = json.loads(next(a for a in argv if a.startswith("--runtime-env-json=")).split("=", 1)[1])
     assert env["env_vars"]["VERL_USE_EXTERNAL_MODULES"] == PLUGIN_MODULE
+    assert env["env_vars"]["VERL_ENGINE_VENDOR"] == "npr" and env["env_vars"]["NPR_SCHEMA"] == "npr"
     assert argv[argv.index("--") + 1 : argv.index("--") + 4] == ["python", "-m", "verl.trainer.main_ppo"]
     path = write_launch_files(tmp_path, "papo_rl", cfg.papo_rl, overrides, "job-1")
     saved = yaml.safe_load(path.read_text())
@@ -91,7 +133,13 @@ def test_ray_job_command_imports_plugins_and_files_are_written(tmp_path):
             "=", 1
         )[1]
     )
-    assert "VERL_USE_EXTERNAL_MODULES" not in dapo_env["env_vars"]
+    # DAPO stages import the plugins too (the tag-keeping reward manager) but keep verl's stock actor
+    assert dapo_env["env_vars"]["VERL_USE_EXTERNAL_MODULES"] == PLUGIN_MODULE
+    assert "VERL_ENGINE_VENDOR" not in dapo_env["env_vars"]
+    # ray_address null (the profile): the driver as the stage runs it against the head it starts
+    own = ray_job_command(load_config(profile="qwen3-4b").papo_rl, overrides, "job-1")
+    assert own[0] == "env" and "VERL_ENGINE_VENDOR=npr" in own
+    assert own[own.index("python") : own.index("python") + 3] == ["python", "-m", "verl.trainer.main_ppo"]
 
 
 def test_rows_carry_the_stage_reward_to_compute_score(tmp_path):
@@ -119,3 +167,131 @@ def test_rows_carry_the_stage_reward_to_compute_score(tmp_path):
         )
     assert verdicts["papo_rl"]["filtered"] is True and verdicts["papo_rl"]["acc"]
     assert verdicts["npr_zero"]["filtered"] is False and verdicts["npr_zero"]["score"] < 0
+
+
+@pytest.mark.parametrize("profile", ["tiny", "qwen3-4b"])
+@pytest.mark.parametrize("stage", STAGES)
+def test_verl_accepts_every_rl_job(profile: str, stage: str):
+    """verl's validate_config (as main_ppo calls it) passes, and every plugin the job names resolves."""
+    cfg = load_config(profile=profile)
+    check = validate_job(stage, cfg)
+    assert check.reward_manager_class.endswith("TagKeepingRewardManager")
+    assert check.reward_function == "components/grading/verl_reward.py:compute_score"
+    if stage == "papo_rl":
+        assert check.native_parallel
+        assert check.engine_class.endswith("NPRParallelEngine") and check.agent_loop == "npr_parallel"
+        assert check.agent_loop_class.endswith("NPRParallelAgentLoop")
+        assert (check.policy_loss, check.adv_estimator) == ("papo", "papo") and check.bypass_mode
+        assert (check.remove_padding, check.ulysses_sp, check.attn_implementation) == (False, 1, "sdpa")
+        assert check.post_merge_is_threshold == cfg.papo_rl.rollout_correction.is_threshold
+        assert check.env_vars["NPR_SCHEMA"] == "npr"
+    elif stage == "pr1_rl":
+        assert cfg.parallel_r1.attention == "unseen" and check.native_parallel
+        assert check.engine_class.endswith("NPRParallelEngine") and check.agent_loop == "npr_parallel"
+        assert (check.policy_loss, check.adv_estimator, check.bypass_mode) == ("vanilla", "grpo", False)
+        assert check.post_merge_is_threshold == cfg.pr1_rl.rollout_correction.is_threshold
+        assert check.env_vars["NPR_SCHEMA"] == "parallel_r1"
+    else:
+        assert not check.native_parallel
+        assert check.engine_class.endswith("FSDPEngineWithLMHead") and check.agent_loop == "single_turn_agent"
+
+
+@pytest.mark.parametrize("profile", ["tiny", "qwen3-4b"])
+def test_verl_accepts_the_seen_parallel_r1_job(profile: str):
+    """Seen: sequential rollouts by verl's own single-turn loop, the stock (causal) actor; the scheduled
+    reward gets its step from the tag-keeping reward manager (test_verl_reward)."""
+    cfg = load_config(profile=profile, overrides=["parallel_r1.attention=seen"])
+    check = validate_job("pr1_rl", cfg)
+    assert not check.native_parallel and check.agent_loop == "single_turn_agent"
+    assert check.engine_class.endswith("FSDPEngineWithLMHead") and "VERL_ENGINE_VENDOR" not in check.env_vars
+    assert (check.policy_loss, check.adv_estimator, check.remove_padding) == ("vanilla", "grpo", True)
+    assert check.env_vars["NPR_SCHEMA"] == "parallel_r1"
+
+
+def test_a_job_verl_rejects_raises_config_error_naming_our_setting():
+    # 16 prompts x 16 samples = 256 rollouts cannot be split over 7 GPUs (verl's own check)
+    cfg = load_config(profile="qwen3-4b", overrides=["papo_rl.verl.n_gpus_per_node=7"])
+    with pytest.raises(ConfigError, match=r"verl rejects the job.*papo_rl\.verl\.n_gpus_per_node"):
+        validate_job("papo_rl", cfg)
+    # no log-prob micro-batch without dynamic batch sizes: the failure this project shipped once
+    cfg = load_config(profile="qwen3-4b", overrides=["sr_rl.verl.log_prob_micro_batch_size_per_gpu=null"])
+    validate_job("sr_rl", cfg)  # falls back to micro_batch_size_per_gpu
+    with pytest.raises(ConfigError, match="papo_rl.verl.use_remove_padding"):
+        validate_job(
+            "papo_rl", load_config(profile="qwen3-4b", overrides=["papo_rl.verl.use_remove_padding=true"])
+        )
+    with pytest.raises(ConfigError, match="papo_rl.verl.ulysses_sp"):
+        validate_job("papo_rl", load_config(profile="qwen3-4b", overrides=["papo_rl.verl.ulysses_sp=2"]))
+    # the NPR actor's rules hold for every native parallel stage, Parallel-R1's Unseen one too
+    with pytest.raises(ConfigError, match="pr1_rl.verl.use_remove_padding"):
+        validate_job(
+            "pr1_rl", load_config(profile="qwen3-4b", overrides=["pr1_rl.verl.use_remove_padding=true"])
+        )
+
+
+@pytest.mark.parametrize("profile_args", [[], ["--profile", "qwen3-4b"]], ids=["params.yaml", "qwen3-4b"])
+def test_dry_run_shows_a_native_parallel_papo_job(capsys, in_repo, profile_args):
+    """`python -m components.training.verl_launch papo_rl --dry-run` (params.yaml, or a profile)."""
+    assert verl_launch_main(["papo_rl", "--dry-run", *profile_args]) == 0
+    out = capsys.readouterr().out
+    assert "verl accepts the job" in out
+    for line in (
+        "#   native_parallel: true",
+        '#   agent_loop: "npr_parallel"',
+        '#   engine_class: "components.training.verl_plugins.engine.NPRParallelEngine"',
+        '#   reward_manager_class: "components.training.verl_plugins.reward.TagKeepingRewardManager"',
+        "#   remove_padding: false",
+        "#   post_merge_is_threshold: 2.0",
+    ):
+        assert line in out, line
+    argv = shlex.split(out.strip().splitlines()[-1])
+    # the profile's papo_rl starts its own Ray head (verl.ray_address: null): the driver as the stage runs it
+    assert argv[0] == "env" and "verl.trainer.main_ppo" in argv
+    assert "actor_rollout_ref.rollout.agent.default_agent_loop=npr_parallel" in argv
+    assert "VERL_ENGINE_VENDOR=npr" in argv
+
+
+def _problems_dir(tmp_path, n_train: int, n_test: int):
+    from components.artifacts import write_shards
+    from components.data.synthetic import generate_problems
+
+    rows = generate_problems(n_train + n_test, seed=2)
+    out = tmp_path / "problems"
+    write_shards(out, [{**r, "split": "test"} for r in rows[:n_test]], 1, stem="test")
+    write_shards(out, [{**r, "split": "train"} for r in rows[n_test:]], 1, stem="train")
+    return out
+
+
+def test_papo_stage_on_qwen3_4b_prepares_a_validated_native_parallel_job(tmp_path, in_repo):
+    """What `npr stage papo_rl` (backend verl) writes before it submits: the job validate_job accepted,
+    with a held-out validation set of the stage's eval_n problems."""
+    import pandas as pd
+
+    from components.training.verl_launch import prepare_launch
+
+    cfg = load_config(profile="qwen3-4b")
+    problems = _problems_dir(tmp_path, n_train=8, n_test=40)
+    run_dir = tmp_path / "verl"
+    argv, path = prepare_launch("papo_rl", cfg, tmp_path / "npr-beta", problems, run_dir)
+    saved = yaml.safe_load(path.read_text())
+    overrides = set(saved["overrides"])
+    assert "actor_rollout_ref.rollout.agent.default_agent_loop=npr_parallel" in overrides
+    assert "actor_rollout_ref.model.use_remove_padding=False" in overrides
+    assert "+actor_rollout_ref.model.override_config.attn_implementation=sdpa" in overrides
+    assert "reward.reward_manager.name=npr" in overrides
+    assert saved["runtime_env"]["env_vars"]["VERL_ENGINE_VENDOR"] == "npr"
+    assert argv == shlex.split(saved["command"])
+    val = pd.read_parquet(run_dir / "val.parquet")
+    assert len(val) == cfg.papo_rl.eval_n == 30 and set(val["extra_info"].map(lambda e: e["split"])) == {
+        "test"
+    }
+
+
+def test_a_profile_without_held_out_problems_fails_before_any_file_is_written(tmp_path, in_repo):
+    from components.training.verl_launch import prepare_launch
+
+    cfg = load_config(profile="qwen3-4b")
+    problems = _problems_dir(tmp_path, n_train=8, n_test=0)
+    with pytest.raises(ConfigError, match="sample_orz.test_n"):
+        prepare_launch("papo_rl", cfg, tmp_path / "npr-beta", problems, tmp_path / "verl")
+    assert not (tmp_path / "verl" / "train.parquet").exists()

@@ -1,0 +1,255 @@
+"""`npr config check`: every static check of a profile, before any stage runs.
+
+Each check is a plain function of the validated config returning ``Check`` rows (one per stage where it
+applies); ``check_profile`` runs them all. What is checked:
+
+- **validation split**: the RL stages evaluate on the problems' test split (verl: ``data.val_files``),
+  so ``sample_orz.test_n`` must be > 0 when an RL stage runs;
+- **memory plan**: each stage's plan per GPU (``components.training.memory``) against ``orchestration.gpu``;
+- **context length**: prompt bound + ``max_new_tokens`` within the model's positions, and within an SGLang
+  server's ``context_length`` where a stage samples from one;
+- **GPU count**: what each stage's job asks the gpu pool for (``memory.gpus_for``, derived from the stage's
+  own settings) fits a node, a stage that needs GPUs is placed on the gpu pool and one that needs none is
+  not (a hub seed only materialises the model; the torch-engine evaluate takes one GPU);
+- **Ray**: a verl stage that attaches to a cluster, or spans nodes, names a filesystem every node mounts
+  (``verl.shared_dir``); its GPUs split into whole rollout tensor-parallel groups.
+
+- **verl validation**: each verl RL stage's job as verl itself checks it (``verl_launch.validate_job``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from components.training import memory
+
+RL_STAGES = memory.RL_STAGES
+PIPELINE_STAGES = (
+    "sample_orz",
+    "seed",
+    "npr_zero",
+    "distill",
+    "reject_filter",
+    "parallel_warmup",
+    "sequential_warmup",
+    "papo_rl",
+    "sr_rl",
+    "pr1_coldstart",
+    "pr1_rl",
+    "evaluate",
+)
+
+
+@dataclass(frozen=True)
+class Check:
+    """One result row: what was checked, for which stage, whether it passed, and why."""
+
+    check: str
+    stage: str
+    ok: bool
+    detail: str
+
+
+def check_validation_split(cfg: Any) -> list[Check]:
+    rows = []
+    for stage in RL_STAGES:
+        ok = cfg.sample_orz.test_n > 0
+        detail = (
+            f"{cfg.sample_orz.test_n} held-out problems ({stage}.eval_n = {getattr(cfg, stage).eval_n})"
+            if ok
+            else f"sample_orz.test_n is 0: {stage} evaluates on the test split (verl: data.val_files) and "
+            "would get none; set sample_orz.test_n > 0"
+        )
+        rows.append(Check("validation split", stage, ok, detail))
+    return rows
+
+
+def check_memory(cfg: Any) -> list[Check]:
+    gpu = cfg.orchestration.gpu
+    capacity = memory.capacity_bytes(gpu)
+    rows = []
+    for stage in PIPELINE_STAGES:
+        try:
+            plans = memory.plan_stage(stage, cfg)
+        except memory.MemoryPlanError as err:
+            rows.append(Check("memory plan", stage, False, str(err)))
+            continue
+        if not plans:
+            continue
+        found = memory.problems(plans, capacity, gpu.name)
+        if found:
+            rows.append(Check("memory plan", stage, False, "; ".join(found)))
+        else:
+            peak = max(plans, key=lambda p: p.total_bytes)
+            rows.append(
+                Check(
+                    "memory plan",
+                    stage,
+                    True,
+                    f"peak {peak.total_bytes / memory.GIB:.1f} of {capacity / memory.GIB:.1f} GiB per "
+                    f"{gpu.name} ({peak.phase})",
+                )
+            )
+    return rows
+
+
+def _generating_stages(cfg: Any) -> list[tuple[str, int, str]]:
+    """(stage, max_new_tokens, the setting's key) of every stage that samples."""
+    out = [(s, getattr(cfg, s).max_new_tokens, f"{s}.max_new_tokens") for s in RL_STAGES]
+    out += [
+        (s, getattr(cfg, s).generation.max_new_tokens, f"{s}.generation.max_new_tokens")
+        for s in ("distill", "evaluate")
+    ]
+    if cfg.models.base_model == "tiny" and cfg.seed.enabled:
+        out.append(("seed", cfg.seed.max_new_tokens, "seed.max_new_tokens"))
+    return out
+
+
+def check_context_length(cfg: Any) -> list[Check]:
+    shape = memory.model_shape(cfg)
+    rows = []
+    for stage, max_new, key in _generating_stages(cfg):
+        prompt = memory.prompt_bound(cfg, stage)
+        bound_key = f"{stage if stage in RL_STAGES else 'npr_zero'}.verl.max_prompt_length"
+        need = prompt + max_new
+        problems = []
+        if shape.max_positions and need > shape.max_positions:
+            problems.append(
+                f"prompt bound {prompt} ({bound_key}) + {key} {max_new} = {need} exceeds "
+                f"the model's {shape.max_positions} positions"
+            )
+        server = None
+        if stage in ("distill", "evaluate") and getattr(cfg, stage).generation.backend == "sglang":
+            spec = memory.sglang_spec(getattr(cfg, stage).generation)
+            server = spec.get("context_length")
+            if server is not None and int(server) < need:
+                problems.append(
+                    f"the SGLang server's context_length {server} "
+                    f"({getattr(getattr(cfg, stage).generation, 'server_spec', memory.DEFAULT_SGLANG_SPEC)}) "
+                    f"is below prompt bound {prompt} + {key} {max_new} = {need}: the server rejects "
+                    f"any prompt over {int(server) - max_new} tokens; raise context_length or lower {key}"
+                )
+        detail = "; ".join(problems) or (
+            f"{prompt} + {max_new} = {need} tokens within {shape.max_positions or '?'} positions"
+            + (f" and the server's {server}" if server is not None else "")
+        )
+        rows.append(Check("context length", stage, not problems, detail))
+    return rows
+
+
+def check_gpu_counts(cfg: Any) -> list[Check]:
+    orch = cfg.orchestration
+    rows = []
+    for stage in PIPELINE_STAGES:
+        try:
+            gpus = memory.gpus_for(stage, cfg)
+        except memory.MemoryPlanError as err:
+            rows.append(Check("GPU count", stage, False, str(err)))
+            continue
+        on_gpu_pool = stage in orch.gpu_stages
+        if gpus == 0 and on_gpu_pool:
+            why = (
+                "it only materialises the hub model"
+                if stage == "seed"
+                else "its job needs no GPU here (a verl stage attached to a running Ray cluster, or CPU work)"
+            )
+            rows.append(
+                Check(
+                    "GPU count",
+                    stage,
+                    False,
+                    f"placed on the gpu pool but {why}: remove it from orchestration.gpu_stages",
+                )
+            )
+        elif gpus > 0 and not on_gpu_pool:
+            rows.append(
+                Check(
+                    "GPU count",
+                    stage,
+                    False,
+                    f"needs {gpus} GPU(s) but runs on the cpu pool: add it to orchestration.gpu_stages",
+                )
+            )
+        elif gpus > orch.gpu.per_node:
+            rows.append(
+                Check(
+                    "GPU count",
+                    stage,
+                    False,
+                    f"asks for {gpus} GPUs, a node has {orch.gpu.per_node} (orchestration.gpu.per_node)",
+                )
+            )
+        else:
+            rows.append(Check("GPU count", stage, True, f"{gpus} GPU(s) on the {orch.pool_for(stage)} pool"))
+    return rows
+
+
+def check_ray(cfg: Any) -> list[Check]:
+    rows = []
+    for stage in RL_STAGES:
+        sc = getattr(cfg, stage)
+        if sc.backend != "verl":
+            continue
+        v = sc.verl
+        problems = []
+        if (v.nnodes > 1 or v.ray_address) and not v.shared_dir:
+            where = (
+                "spans several nodes" if v.nnodes > 1 else f"attaches to the Ray cluster at {v.ray_address}"
+            )
+            problems.append(
+                f"{stage} {where}, so its workers cannot read the submitting node's files: set "
+                f"{stage}.verl.shared_dir to a filesystem every Ray node mounts"
+            )
+        if v.nnodes > 1 and not v.ray_address:
+            problems.append(
+                f"{stage}.verl.nnodes is {v.nnodes}: a head started by the stage is one node; set {stage}.verl.ray_address"
+            )
+        total = v.nnodes * v.n_gpus_per_node
+        if total % v.rollout_tp:
+            problems.append(
+                f"{total} GPUs do not split into rollout groups of {v.rollout_tp} ({stage}.verl.rollout_tp)"
+            )
+        if v.n_gpus_per_node > cfg.orchestration.gpu.per_node:
+            problems.append(
+                f"{stage}.verl.n_gpus_per_node {v.n_gpus_per_node} exceeds orchestration.gpu.per_node {cfg.orchestration.gpu.per_node}"
+            )
+        mode = f"attach {v.ray_address}" if v.ray_address else f"start a head on {v.ray_head_host}"
+        rows.append(
+            Check(
+                "Ray",
+                stage,
+                not problems,
+                "; ".join(problems) or f"{mode}, {v.nnodes} x {v.n_gpus_per_node} GPUs",
+            )
+        )
+    return rows
+
+
+def check_verl(cfg: Any) -> list[Check]:
+    """verl's own validation of each verl RL stage's job (``verl_launch.validate_job``: verl's
+    ``validate_config`` as ``main_ppo`` calls it, and every plugin the job names resolved)."""
+    from components.config import ConfigError
+    from components.training.verl_launch import validate_job
+
+    rows = []
+    for stage in RL_STAGES:
+        if getattr(cfg, stage).backend != "verl":
+            continue
+        try:
+            summary = validate_job(stage, cfg).summary()
+        except ConfigError as err:
+            rows.append(Check("verl validation", stage, False, str(err)))
+            continue
+        shown = {k: v for k, v in summary.items() if k not in ("stage", "env_vars", "overrides")}
+        detail = ", ".join(f"{k} {v}" for k, v in list(shown.items())[:4])
+        rows.append(Check("verl validation", stage, True, f"verl accepts the job ({detail})"))
+    return rows
+
+
+CHECKS = (check_validation_split, check_memory, check_context_length, check_gpu_counts, check_ray, check_verl)
+
+
+def check_profile(cfg: Any) -> list[Check]:
+    """Every static check of ``cfg`` (see the module docstring), in a stable order."""
+    return [row for check in CHECKS for row in check(cfg)]

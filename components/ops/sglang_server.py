@@ -1,0 +1,261 @@
+"""An SGLang server for the checkpoint a stage samples: started, checked, and always stopped.
+
+``serving(model_dir, gen_cfg, ...)`` is what ``distill`` and ``evaluate`` wrap their decoding in when
+``generation.backend`` is ``sglang``:
+
+- ``server: launch`` renders ``python -m sglang.launch_server`` from ``generation.server_spec``
+  (infra/sglang/server.yaml, ``components.ops.launch``) with ``model_path`` = this checkpoint, bound to
+  127.0.0.1 on a free port, in its own process group, output to a log file; waits until
+  ``/health_generate`` answers 200 (or fails at once if the process exits, with the log's tail); checks
+  that ``/get_model_info`` names this checkpoint; yields the URL; and on the way out (normal end, an
+  error, Ctrl-C) sends SIGTERM to the whole group, then SIGKILL after a grace period. A fresh server per
+  checkpoint, so nothing samples a stale model (e.g. NPR-Zero's server after ``npr_zero`` retrained).
+- ``server: attach`` uses the server at ``generation.server_url`` (started elsewhere), after the same
+  health and model checks.
+
+``check_context_length`` is the static check both run before any work: every prompt plus
+``max_new_tokens`` must fit the server's context length (SGLang rejects the request otherwise).
+
+While a launched server runs, SIGTERM to the stage (a task timeout, ``kill``) raises ``SystemExit`` in the
+main thread instead of ending the process on the spot, so the server is stopped too rather than left
+holding its GPUs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from components.ops.launch import LaunchSpecError, load_spec, sglang_server_command
+
+STOP_GRACE_S = 30.0
+
+
+class SGLangServerError(RuntimeError):
+    """The server could not be started, did not become healthy, serves another model, or cannot fit."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def server_spec(
+    gen_cfg: Any, model_dir: Path | str, port: int, spec_path: Path | str | None = None
+) -> dict[str, Any]:
+    """The spec of a stage-launched server: the file, ``server_args`` overrides, this model, 127.0.0.1."""
+    path = Path(spec_path or gen_cfg.server_spec)
+    if not path.is_file():
+        raise SGLangServerError(f"SGLang server spec {path} does not exist (generation.server_spec)")
+    spec = {**load_spec(path), **dict(gen_cfg.server_args)}
+    spec.update(model_path=str(model_dir), host="127.0.0.1", port=port)
+    return spec
+
+
+def spec_context_length(gen_cfg: Any, spec_path: Path | str | None = None) -> int | None:
+    """The context length a launched server will have (``server_args`` first, then the spec file)."""
+    if "context_length" in gen_cfg.server_args:
+        return int(gen_cfg.server_args["context_length"])
+    path = Path(spec_path or gen_cfg.server_spec)
+    if not path.is_file():
+        return None
+    value = load_spec(path).get("context_length")
+    return int(value) if value is not None else None
+
+
+def check_context_length(
+    context_length: int | None, prompt_tokens: int, max_new_tokens: int, where: str
+) -> None:
+    """Raise unless the longest prompt plus ``max_new_tokens`` fits ``context_length`` (None: the model's
+    own, unknown here, so nothing is checked)."""
+    if context_length is None:
+        return
+    need = prompt_tokens + max_new_tokens
+    if need > context_length or prompt_tokens >= context_length:
+        raise SGLangServerError(
+            f"{where}: the longest prompt ({prompt_tokens} tokens) + generation.max_new_tokens "
+            f"({max_new_tokens}) = {need} tokens exceed the SGLang server's context length "
+            f"({context_length}); raise context_length in the server spec (infra/sglang/server.yaml or "
+            f"generation.server_args) or lower max_new_tokens"
+        )
+
+
+def _get(url: str, timeout_s: float = 5.0) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+def _log_tail(log: Path | None, n: int = 30) -> str:
+    if log is None or not log.exists():
+        return "(no log)"
+    lines = log.read_text(errors="replace").splitlines()
+    return "\n".join(lines[-n:]) or "(empty log)"
+
+
+def wait_healthy(
+    url: str, timeout_s: float, proc: subprocess.Popen | None = None, log: Path | None = None
+) -> float:
+    """Poll ``/health_generate`` until 200; returns the seconds waited. Fails at once if ``proc`` exits."""
+    start = time.monotonic()
+    delay = 0.2
+    while time.monotonic() - start < timeout_s:
+        if proc is not None and proc.poll() is not None:
+            raise SGLangServerError(
+                f"SGLang server exited with code {proc.returncode} before it was healthy; log tail:\n{_log_tail(log)}"
+            )
+        try:
+            status, _ = _get(f"{url}/health_generate", timeout_s=10.0)
+            if status == 200:
+                return time.monotonic() - start
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            pass
+        time.sleep(delay)
+        delay = min(delay * 1.5, 2.0)
+    raise SGLangServerError(
+        f"SGLang server at {url} not healthy after {timeout_s:.0f} s; log tail:\n{_log_tail(log)}"
+    )
+
+
+def served_model(url: str) -> str:
+    """The ``model_path`` the server at ``url`` reports (``/get_model_info``)."""
+    status, body = _get(f"{url}/get_model_info")
+    if status != 200:
+        raise SGLangServerError(f"{url}/get_model_info answered HTTP {status}")
+    return str(json.loads(body)["model_path"])
+
+
+def server_context_length(url: str) -> int | None:
+    """The context length the running server reports (``/server_info``), if it does."""
+    try:
+        status, body = _get(f"{url}/server_info")
+    except (urllib.error.URLError, OSError):
+        return None
+    if status != 200:
+        return None
+    value = json.loads(body).get("context_length")
+    return int(value) if value is not None else None
+
+
+def _same_model(served: str, model_dir: Path | str) -> bool:
+    try:
+        return Path(served).resolve() == Path(model_dir).resolve()
+    except OSError:
+        return served == str(model_dir)
+
+
+def stop(proc: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM the server's process group, then SIGKILL it if it has not exited after ``grace_s``."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        proc.wait(timeout=grace_s)
+
+
+@contextmanager
+def _sigterm_unwinds() -> Iterator[None]:
+    """In the main thread: SIGTERM raises SystemExit(143) (so ``finally`` blocks run) inside the block."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _raise(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, _raise)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
+@contextmanager
+def launched(
+    model_dir: Path | str,
+    gen_cfg: Any,
+    log_dir: Path | str,
+    spec_path: Path | str | None = None,
+    env: dict[str, str] | None = None,
+) -> Iterator[str]:
+    """Start a server for ``model_dir``, yield its URL once healthy and serving that model, always stop it."""
+    port = free_port()
+    spec = server_spec(gen_cfg, model_dir, port, spec_path)
+    try:
+        argv = sglang_server_command(spec)
+    except LaunchSpecError as err:
+        raise SGLangServerError(f"SGLang server spec: {err}") from err
+    log_dir = Path(log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log = log_dir / f"sglang-{Path(model_dir).parent.name or 'model'}-{port}.log"
+    server_env = {**os.environ, **{k: str(v) for k, v in (spec.get("env") or {}).items()}, **(env or {})}
+    url = f"http://127.0.0.1:{port}"
+    with _sigterm_unwinds():
+        with open(log, "ab") as out:
+            proc = subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, env=server_env, start_new_session=True
+            )
+        try:
+            wait_healthy(url, gen_cfg.server_start_timeout_s, proc, log)
+            served = served_model(url)
+            if not _same_model(served, model_dir):
+                raise SGLangServerError(f"the server at {url} serves {served}, not {model_dir}")
+            yield url
+        finally:
+            stop(proc)
+
+
+@contextmanager
+def attached(url: str, model_dir: Path | str, timeout_s: float = 30.0) -> Iterator[str]:
+    """Use a server started elsewhere, after checking it is healthy and serves ``model_dir``."""
+    url = url.rstrip("/")
+    wait_healthy(url, timeout_s)
+    served = served_model(url)
+    if not _same_model(served, model_dir):
+        raise SGLangServerError(
+            f"the SGLang server at {url} serves {served}, not the checkpoint {model_dir} this stage samples; "
+            "restart it on this checkpoint or use generation.server: launch"
+        )
+    yield url
+
+
+@contextmanager
+def serving(model_dir: Path | str, gen_cfg: Any, log_dir: Path | str) -> Iterator[Any]:
+    """A ``GenerationConfig`` whose ``server_url`` serves ``model_dir`` for the duration of the block."""
+    if gen_cfg.server == "attach":
+        with attached(gen_cfg.server_url, model_dir, gen_cfg.server_start_timeout_s) as url:
+            yield gen_cfg.model_copy(update={"server_url": url})
+    else:
+        with launched(model_dir, gen_cfg, log_dir) as url:
+            yield gen_cfg.model_copy(update={"server_url": url})
+
+
+def context_length_for(gen_cfg: Any) -> int | None:
+    """The context length requests will meet: the spec's for a launched server, the server's for attach."""
+    if gen_cfg.server == "attach":
+        return server_context_length(gen_cfg.server_url.rstrip("/"))
+    return spec_context_length(gen_cfg)

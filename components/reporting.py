@@ -1,0 +1,291 @@
+"""What a stage reports beside its outputs: the flat numbers DVC compares and the rows DVC plots.
+
+- ``metrics/<stage>.json`` (DVC ``metrics``, git-tracked, ``cache: false``, as DVC's example project): the
+  few numbers a user compares between runs, flat, in one shared vocabulary (``accuracy``, ``format_valid``,
+  ``correct_and_valid``, ``parallel_rate``, ``speedup``, ``tokens_per_s``, ``steps``, counts, ``wall_time_s``)
+  so that ``dvc metrics show`` is one readable table with a row per stage. The evaluation writes
+  ``metrics/evaluate/<checkpoint>.json``: a row per checkpoint. ``dvc exp run -S ...`` commits these files
+  with dvc.lock, so ``dvc exp show`` and ``dvc metrics diff`` show what an experiment changed.
+- ``plots/<stage>/train.json`` (and ``eval.json`` for RL): the training curves of every training stage,
+  read from the per-step logs the trainers keep in the stage's work dir (SFT ``train_metrics.json``, RL
+  ``metrics.jsonl``); drawn by the top-level ``plots:`` of dvc.yaml.
+
+Provenance (prompt hash, profile, threads), nested tables and free text stay in the stage's full record,
+``artifacts/<stage>/metrics.json``, never here. This module is plumbing (``components.code_deps``): it only
+reshapes what a stage returned or logged.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from components.artifacts import read_json, write_json
+
+Flat = dict[str, Any]  # metric name -> number (or a nested dict of numbers: DVC flattens it as a.b)
+
+
+def _number(value: Any) -> float | int | None:
+    """A JSON-safe number, or None (DVC can diff only numbers; NaN is not JSON)."""
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return None if math.isnan(value) or math.isinf(value) else round(value, 6)
+    return None
+
+
+def _pick(metrics: Mapping[str, Any], names: Mapping[str, str]) -> Flat:
+    """``{flat name: metrics[source name]}`` for the sources that hold a number."""
+    out: Flat = {}
+    for flat_name, source in names.items():
+        value = _number(metrics.get(source))
+        if value is not None:
+            out[flat_name] = value
+    return out
+
+
+def _scalars(metrics: Mapping[str, Any]) -> Flat:
+    """Fallback for a stage without a summary below: its top-level numbers."""
+    return {k: v for k, v in ((k, _number(v)) for k, v in metrics.items()) if v is not None}
+
+
+def sample_orz_summary(m: Mapping[str, Any]) -> Flat:
+    return _pick(
+        m,
+        {n: n for n in ("rows_in", "kept", "quarantined", "duplicates", "n_train", "n_test")},
+    )
+
+
+def seed_summary(m: Mapping[str, Any]) -> Flat:
+    names = {"steps": "steps", "final_loss": "final_loss", "n": "eval_n"}
+    names.update({k: k for k in ("accuracy", "format_valid", "correct_and_valid")})
+    return _pick(m, names)
+
+
+def rl_summary(m: Mapping[str, Any]) -> Flat:
+    names = {
+        "steps": "steps",
+        "accuracy": "final/accuracy",
+        "format_valid": "final/format_valid",
+        "correct_and_valid": "final/correct_and_valid",
+        "parallel_rate": "final/parallel_rate",
+        "accuracy_gain": "delta/accuracy",
+        "rollouts_trained": "train/rollouts_trained",
+        "structurally_rejected": "train/structurally_rejected",
+        "tokens_per_s": "perf/tokens_per_s",
+    }
+    return _pick(m, names)
+
+
+def distill_summary(m: Mapping[str, Any]) -> Flat:
+    names = {"n": "n_trajectories", "mean_response_tokens": "mean_response_tokens"}
+    names.update({k: k for k in ("accuracy", "format_valid", "correct_and_valid", "tokens_per_s")})
+    return _pick(m, names)
+
+
+def reject_filter_summary(m: Mapping[str, Any]) -> Flat:
+    names = {k: k for k in ("sampled", "accepted", "acceptance_rate")}
+    names.update({k: k for k in ("rejected_wrong", "rejected_format", "rejected_other")})
+    return _pick(m, names)
+
+
+def warmup_summary(m: Mapping[str, Any]) -> Flat:
+    return _pick(
+        m, {"steps": "steps", "final_loss": "final_loss", "n": "n_examples", "rejected": "n_rejected"}
+    )
+
+
+def checkpoint_summary(ckpt: Mapping[str, Any]) -> Flat:
+    """One evaluated checkpoint: its averages over benchmarks, its speedup, and accuracy per benchmark."""
+    benches = ckpt.get("benchmarks", {})
+    out: Flat = {}
+    if (acc := _number(ckpt.get("average_accuracy"))) is not None:
+        out["accuracy"] = acc
+    for flat_name, source in (("format_valid", "format_valid_rate"), ("parallel_rate", "parallel_rate")):
+        values = [_number(b.get(source)) for b in benches.values()]
+        values = [v for v in values if v is not None]
+        if values:
+            out[flat_name] = round(sum(values) / len(values), 6)
+    out.update(
+        _pick(
+            ckpt.get("throughput", {}),
+            {"speedup": "achieved_speedup", "ideal_speedup": "ideal_speedup", "tokens_per_s": "tokens_per_s"},
+        )
+    )
+    per_bench = {name: _number(b.get("accuracy")) for name, b in benches.items()}
+    out["benchmark"] = {k: v for k, v in per_bench.items() if v is not None}
+    return out
+
+
+SUMMARIES: dict[str, Callable[[Mapping[str, Any]], Flat]] = {
+    "sample_orz": sample_orz_summary,
+    "seed": seed_summary,
+    "npr_zero": rl_summary,
+    "distill": distill_summary,
+    "reject_filter": reject_filter_summary,
+    "parallel_warmup": warmup_summary,
+    "sequential_warmup": warmup_summary,
+    "papo_rl": rl_summary,
+    "sr_rl": rl_summary,
+    "pr1_coldstart": warmup_summary,
+    "pr1_rl": rl_summary,
+}
+
+
+def stage_summary(stage: str, metrics: Mapping[str, Any]) -> Flat:
+    """The flat metrics of one (single-file) stage, ``wall_time_s`` included."""
+    flat = SUMMARIES.get(stage, _scalars)(metrics)
+    if (wall := _number(metrics.get("wall_time_s"))) is not None:
+        flat["wall_time_s"] = wall
+    return flat
+
+
+def write_summary(stage: str, metrics: Mapping[str, Any], target: Path) -> list[Path]:
+    """Write the stage's flat metrics to ``target``: a ``.json`` file, or (evaluate) a directory with one
+    ``<checkpoint>.json`` per evaluated checkpoint. Returns the files written."""
+    target = Path(target)
+    if target.suffix == ".json":
+        write_json(target, stage_summary(stage, metrics))
+        return [target]
+    if target.exists():
+        shutil.rmtree(target)  # a checkpoint no longer evaluated must not keep its old row
+    written = []
+    wall = _number(metrics.get("wall_time_s"))
+    for name, ckpt in metrics.get("checkpoints", {}).items():
+        flat = checkpoint_summary(ckpt)
+        if wall is not None:
+            flat["wall_time_s"] = wall
+        write_json(target / f"{name}.json", flat)
+        written.append(target / f"{name}.json")
+    target.mkdir(parents=True, exist_ok=True)
+    return written
+
+
+# ----------------------------------------------------------------------------------------------------
+# training curves
+
+SFT_LOG = "train_metrics.json"
+RL_LOG = "metrics.jsonl"
+SFT_CURVE = {"loss": "loss", "lr": "lr", "grad_norm": "grad_norm"}
+RL_CURVE = {
+    "reward": "reward/mean",
+    "pg_loss": "actor/pg_loss",
+    "format_valid": "rollout/format_valid",
+    "correct_and_valid": "rollout/correct_and_valid",
+    "parallel_rate": "rollout/parallel_rate",
+    "response_length": "response_length/mean",
+}
+EVAL_CURVE = {k: k for k in ("accuracy", "format_valid", "correct_and_valid", "parallel_rate")}
+
+
+def _rows(records: list[Mapping[str, Any]], fields: Mapping[str, str]) -> list[dict[str, Any]]:
+    """One row per step (the last record of a step wins: a resumed run logs a step again), every field in
+    every row: ``null`` where the step has no value (a step without an update has no reward). DVC drops a
+    whole plot when one of its files lacks the field; Vega leaves nulls out of a line."""
+    by_step: dict[int, dict[str, Any]] = {}
+    for rec in records:
+        step = rec.get("step")
+        if not isinstance(step, int):
+            continue
+        values = _pick(rec, fields)
+        if values:
+            by_step[step] = {"step": step, **{name: values.get(name) for name in fields}}
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def training_curves(work_dir: Path) -> dict[str, list[dict[str, Any]]]:
+    """``{"train": rows, ["eval": rows]}`` from the trainer's log in ``work_dir`` (empty when none ran)."""
+    work_dir = Path(work_dir)
+    if (work_dir / SFT_LOG).exists():
+        return {"train": _rows(read_json(work_dir / SFT_LOG).get("history", []), SFT_CURVE)}
+    if (work_dir / RL_LOG).exists():
+        records = []
+        for line in (work_dir / RL_LOG).read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                records.append(json.loads(line))
+        # step 0 (the eval before training) has no training record; later evals ride on their step's record
+        evals = [r.get("eval") for r in records if isinstance(r.get("eval"), dict)]
+        train = [r for r in records if "reward/mean" in r]
+        return {"train": _rows(train, RL_CURVE), "eval": _rows(evals, EVAL_CURVE)}
+    return {"train": []}
+
+
+def write_training_curves(work_dir: Path | None, plots_dir: Path) -> dict[str, Path]:
+    """Write ``train.json`` (and ``eval.json``) into ``plots_dir``; an empty list when the stage trained
+    nothing here (a hub seed, a verl job), so the declared output always exists."""
+    curves = training_curves(work_dir) if work_dir is not None else {"train": []}
+    paths = {}
+    for name, rows in curves.items():
+        paths[name] = Path(plots_dir) / f"{name}.json"
+        write_json(paths[name], rows)
+    return paths
+
+
+# ----------------------------------------------------------------------------------------------------
+# W&B: the same numbers, plus why records were dropped (as a fixed set of categories)
+
+# Where each stage returns its per-reason counts; every key is a category from a fixed list (a quality
+# check's name, a filter rule, a parser violation code), never a message.
+REJECTION_FIELDS = ("quarantine_reasons", "duplicate_reasons", "reasons", "rejected_by_reason")
+RL_REJECTIONS_LOG = "rollout_rejections.jsonl"
+MAX_CATEGORIES = 64  # a guard: more distinct reasons than this means free text leaked into a category
+
+
+def rejection_categories(metrics: Mapping[str, Any], work_dir: Path | None = None) -> dict[str, int]:
+    """Counts per rejection category: the stage's own counters, and (RL) the filtered rollouts' log."""
+    counts: dict[str, int] = {}
+    for field in REJECTION_FIELDS:
+        for reason, n in (metrics.get(field) or {}).items():
+            if isinstance(n, int):
+                counts[str(reason)] = counts.get(str(reason), 0) + n
+    log = Path(work_dir) / RL_REJECTIONS_LOG if work_dir is not None else None
+    if log is not None and log.exists():
+        # a resumed run replays the steps after its last checkpoint: a step counts as its last writer
+        # (``segment``, one per trainer process) logged it
+        by_step: dict[Any, tuple[Any, list[str]]] = {}
+        for line in log.read_text(encoding="utf-8").splitlines():
+            if not line.strip():
+                continue
+            rec = json.loads(line)
+            segment, reasons = by_step.get(rec.get("step"), (None, []))
+            if segment != rec.get("segment"):
+                reasons = []
+            by_step[rec.get("step")] = (rec.get("segment"), [*reasons, str(rec["reason"])])
+        for _, reasons in by_step.values():
+            for reason in reasons:
+                counts[reason] = counts.get(reason, 0) + 1
+    if len(counts) > MAX_CATEGORIES:
+        raise ValueError(f"{len(counts)} rejection categories (> {MAX_CATEGORIES}): free text in a reason?")
+    return dict(sorted(counts.items()))
+
+
+def _flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, float | int]:
+    out: dict[str, float | int] = {}
+    for key, value in values.items():
+        if isinstance(value, Mapping):
+            out.update(_flatten(value, f"{prefix}{key}/"))
+        elif (num := _number(value)) is not None:
+            out[f"{prefix}{key}"] = num
+    return out
+
+
+def wandb_summary(
+    stage: str, metrics: Mapping[str, Any], work_dir: Path | None = None, categories: bool = True
+) -> dict[str, Any]:
+    """The run summary of a stage: its flat metrics (evaluate: ``<checkpoint>/<metric>``) and
+    ``rejected/<category>`` counts (``categories``)."""
+    if "checkpoints" in metrics and stage not in SUMMARIES:
+        flat = _flatten({name: checkpoint_summary(c) for name, c in metrics["checkpoints"].items()})
+        if (wall := _number(metrics.get("wall_time_s"))) is not None:
+            flat["wall_time_s"] = wall
+    else:
+        flat = _flatten(stage_summary(stage, metrics))
+    if categories:
+        flat.update({f"rejected/{k}": v for k, v in rejection_categories(metrics, work_dir).items()})
+    return flat

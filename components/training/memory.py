@@ -1,0 +1,575 @@
+"""Memory plans: what each stage holds on a GPU, estimated from the model's shape before any work starts.
+
+A plan is a list of phases (an RL stage rolls out, then updates; verl's actor and its SGLang rollout take
+turns on the same GPUs), each a sum of named terms (weights, optimizer, activations, KV cache, logits,
+masks) per GPU. ``check_stage`` raises ``MemoryPlanError`` when a phase does not fit the GPU, naming the
+setting that would make it fit; ``npr config check`` runs it for every stage against the declared GPUs
+(``orchestration.gpu``), and a stage runs it against the device it got before loading anything.
+
+Where the numbers come from (tests/unit/training/test_memory.py measures them on the tiny model, CPU):
+
+- parameters, KV bytes per token (2 x layers x kv_heads x head_dim x dtype bytes): exact, from the shape;
+- weights/gradients/optimizer: fp32 run 4 + 4 + 8 bytes per parameter; bf16 run 2 + 4 (master) + 4 (fp32
+  gradient) + 8 (moments) (``components.training.precision``); FSDP divides the fp32 state by the ranks and
+  adds the bf16 layers it gathers;
+- activations per token per decoder layer: what transformers' Qwen3 layer keeps for its backward, counted
+  tensor by tensor (``layer_activation_bytes``: norms keep fp32 copies, a mask makes sdpa read keys and
+  values repeated to every query head and a float copy of the mask per layer, L x L per row); with gradient
+  checkpointing a layer keeps only its input and one layer is recomputed at a time;
+- logits: the trainers' chunked scorer (``components.training.token_logprobs``) holds one chunk of
+  ``(C, V)`` logits; the torch engine holds one row of logits per sequence; verl's stock actor holds its
+  micro-batch's ``(T, V)`` logits plus an fp32 working copy;
+- the torch engine's KV cache grows with what is generated, doubling when full; a plan assumes the worst
+  case, every sequence reaching ``prompt + max_new_tokens`` in a buffer twice that size. SGLang (distill, verl rollouts) preallocates a KV pool in the
+  memory fraction it is given; its plan checks that the pool holds at least one full-length sequence.
+
+Prompt lengths: an RL stage's prompts are bounded by its ``verl.max_prompt_length`` (verl's
+``data.max_prompt_length``, whose ``truncation: error`` refuses longer ones); distill and evaluate use
+NPR-Zero's bound (``prompt_bound``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from components.training.token_logprobs import DEFAULT_CHUNK_TOKENS
+
+GIB = 2**30
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+RL_STAGES = ("npr_zero", "papo_rl", "sr_rl", "pr1_rl")
+SFT_STAGES = ("parallel_warmup", "sequential_warmup", "pr1_coldstart")
+DEFAULT_SGLANG_SPEC = "infra/sglang/server.yaml"
+
+
+class MemoryPlanError(ValueError):
+    """A stage's memory plan does not fit its GPU; the message names the setting to change."""
+
+
+# ----------------------------------------------------------------------------------------- model shape
+@dataclass(frozen=True)
+class ModelShape:
+    """The numbers of a Qwen3-style decoder that memory depends on."""
+
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    tied: bool = True
+    max_positions: int = 0
+
+    @property
+    def q_width(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def kv_width(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    @property
+    def layer_params(self) -> int:
+        h, q, kv = self.hidden, self.q_width, self.kv_width
+        # q, k, v, o projections; gate, up, down; two RMSNorms over H and the q/k norms over head_dim
+        return h * (q + 2 * kv) + q * h + 3 * h * self.intermediate + 2 * h + 2 * self.head_dim
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab * self.hidden
+
+    @property
+    def params(self) -> int:
+        head = 0 if self.tied else self.embedding_params
+        return self.embedding_params + head + self.layers * self.layer_params + self.hidden
+
+    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
+        """Keys and values of one token in every layer."""
+        return 2 * self.layers * self.kv_width * dtype_bytes
+
+    @classmethod
+    def from_hf_config(cls, config: Any) -> ModelShape:
+        """From a transformers config object or a config.json dict."""
+        get = (
+            (lambda k, d=None: config.get(k, d))
+            if isinstance(config, dict)
+            else (lambda k, d=None: getattr(config, k, d))
+        )
+        heads = get("num_attention_heads")
+        return cls(
+            hidden=get("hidden_size"),
+            intermediate=get("intermediate_size"),
+            layers=get("num_hidden_layers"),
+            heads=heads,
+            kv_heads=get("num_key_value_heads") or heads,
+            head_dim=get("head_dim") or get("hidden_size") // heads,
+            vocab=get("vocab_size"),
+            tied=bool(get("tie_word_embeddings", False)),
+            max_positions=get("max_position_embeddings") or 0,
+        )
+
+
+def model_shape(cfg: Any, model_dir: str | Path | None = None) -> ModelShape:
+    """The shape of the model a stage loads: ``model_dir``'s config.json when it exists, else the profile's
+    ``models.architecture`` (a hub model) or ``models.tiny`` (vocabulary at its upper bound, padded)."""
+    if model_dir is not None and (Path(model_dir) / "config.json").exists():
+        return ModelShape.from_hf_config(json.loads((Path(model_dir) / "config.json").read_text()))
+    arch = cfg.models.architecture
+    if arch is not None:
+        return ModelShape.from_hf_config(arch.model_dump())
+    tiny = cfg.models.tiny
+    if tiny is None:
+        raise MemoryPlanError(
+            f"no model shape for {cfg.models.base_model!r}: set models.architecture (its config.json numbers)"
+        )
+    multiple = cfg.models.pad_embeddings_to_multiple_of
+    return ModelShape(
+        hidden=tiny.hidden_size,
+        intermediate=tiny.intermediate_size,
+        layers=tiny.num_hidden_layers,
+        heads=tiny.num_attention_heads,
+        kv_heads=tiny.num_key_value_heads,
+        head_dim=tiny.head_dim,
+        vocab=math.ceil(tiny.tokenizer_vocab_size / multiple) * multiple,
+        tied=True,
+        max_positions=tiny.max_position_embeddings,
+    )
+
+
+# ----------------------------------------------------------------------------------------- activations
+def layer_activation_bytes(shape: ModelShape, dtype_bytes: int, masked: bool) -> int:
+    """Bytes per token one decoder layer keeps for its backward (transformers' Qwen3 layer under sdpa).
+
+    ``masked``: an attention mask is passed (the parallel 4D mask, or padding), so keys and values are
+    repeated to every query head before sdpa and kept that way. Counted tensor by tensor on the tiny model
+    (tests pin it); a low-precision run keeps fp32 copies inside each RMSNorm instead of the residuals.
+    """
+    w, h, q, kv = dtype_bytes, shape.hidden, shape.q_width, shape.kv_width
+    low = w < 4
+    norms = 2 * (8 * h + 4)  # fp32 input copy (or the input itself), 1/rms, normalised, scaled
+    residual = 0 if low else 2 * w * h  # the two residual sums (low precision: the next norm's fp32 copy)
+    query = (8 if low else 12) * q + 4 * shape.heads  # projection, q-norm, rotary
+    key = (6 if low else 8) * kv + 4 * shape.kv_heads  # projection, k-norm (the rotary output is below)
+    attn_kv = 2 * w * (q if masked else kv)  # keys and values as sdpa reads them
+    attn_out = w * q + 4 * shape.heads  # output and log-sum-exp
+    mlp = 4 * w * shape.intermediate  # gate, silu(gate), up, product
+    return norms + residual + query + key + attn_kv + attn_out + mlp
+
+
+@dataclass(frozen=True)
+class ForwardShape:
+    """One training forward: ``rows`` sequences padded to ``seq_len`` tokens, ``scored`` tokens scored."""
+
+    rows: int
+    seq_len: int
+    masked: bool = True  # a 4D mask (parallel layout or padding): the worst case, and what batches carry
+    scored: int | None = None  # tokens the scorer projects to the vocabulary (default: every token)
+
+    @property
+    def tokens(self) -> int:
+        return self.rows * self.seq_len
+
+
+def training_activation_terms(
+    shape: ModelShape,
+    fwd: ForwardShape,
+    dtype_bytes: int,
+    checkpointing: bool,
+    stage: str,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+) -> list[Term]:
+    """Activation terms of one forward + backward through the chunked scorer (peak, per process)."""
+    w, tokens, h = dtype_bytes, fwd.tokens, shape.hidden
+    per_layer = layer_activation_bytes(shape, w, fwd.masked)
+    mask_per_layer = fwd.rows * fwd.seq_len**2 * w if fwd.masked else 0  # sdpa's float copy of the mask
+    length = f"{stage}.max_length" if stage in SFT_STAGES or stage == "seed" else f"{stage}.max_new_tokens"
+    fix = f"{stage}.gradient_checkpointing: true, or lower {length}"
+    # what a layer's backward holds beyond the activations it frees as it goes: about one MLP-wide and two
+    # H-wide gradients per token (measured on the tiny model: tests/unit/training/test_memory.py)
+    working = tokens * (shape.intermediate + 2 * h) * w
+    if checkpointing:
+        kept = tokens * shape.layers * w * h  # each layer's input
+        working += tokens * per_layer + mask_per_layer  # the backward recomputes one layer at a time
+        fix = f"lower {length} or the rows per forward"
+    else:
+        kept = shape.layers * (tokens * per_layer + mask_per_layer)
+    outside = tokens * (2 * shape.head_dim * w + 8 * h + 4 + (0 if w < 4 else w * h))  # rotary, final norm
+    scored = fwd.scored if fwd.scored is not None else tokens
+    sources = scored * h * 2 * w  # the scored tokens' hidden states and their gradient
+    # The backward starts in the scorer (one chunk's logits recomputed, upcast, and their gradient) while
+    # every layer's activations are still held; by the time a layer's backward runs, the scorer's are gone.
+    logits = min(chunk_tokens, scored) * shape.vocab * (2 * w + 12)
+    terms = [
+        Term("activations kept for backward", kept + outside + sources, fix),
+        Term("backward transient (a logits chunk or one layer)", max(logits, working), fix),
+    ]
+    if fwd.masked:
+        terms.append(Term("attention mask (bool)", fwd.rows * fwd.seq_len**2, f"lower {length}"))
+    return terms
+
+
+# ----------------------------------------------------------------------------------------- plans
+@dataclass(frozen=True)
+class Term:
+    name: str
+    bytes: int
+    setting: str = ""  # what to change to make this term smaller
+
+
+@dataclass
+class PhasePlan:
+    """What one phase of a stage holds on each of its GPUs at its peak."""
+
+    stage: str
+    phase: str
+    gpus: int
+    terms: list[Term]
+    notes: list[str] = field(default_factory=list)
+    # A floor the phase must clear beside fitting (e.g. an SGLang KV pool that holds one full sequence).
+    requirement: str | None = None
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(t.bytes for t in self.terms)
+
+    def largest(self) -> Term:
+        return max(self.terms, key=lambda t: t.bytes)
+
+    def describe(self) -> str:
+        parts = ", ".join(f"{t.name} {t.bytes / GIB:.1f}" for t in self.terms if t.bytes >= 0.05 * GIB)
+        return f"{self.total_bytes / GIB:.1f} GiB per GPU ({parts or 'all terms < 0.05 GiB'})"
+
+
+def capacity_bytes(gpu: Any) -> int:
+    """Usable bytes of one GPU of ``orchestration.gpu`` (total minus the reserve)."""
+    return int((gpu.memory_gib - gpu.reserved_gib) * GIB)
+
+
+def compute_dtype_bytes(cfg: Any) -> int:
+    return DTYPE_BYTES[cfg.run.dtype]
+
+
+def prompt_bound(cfg: Any, stage: str = "npr_zero") -> int:
+    """Tokens a prompt of ``stage`` may have: an RL stage's own ``verl.max_prompt_length`` (verl refuses
+    longer ones), else NPR-Zero's (distillation and evaluation prompt the same way)."""
+    section = cfg.npr_zero if stage not in RL_STAGES else getattr(cfg, stage)
+    return section.verl.max_prompt_length
+
+
+def training_state_terms(shape: ModelShape, dtype_bytes: int, shards: int = 1) -> list[Term]:
+    """Weights, gradients and AdamW state per process; ``shards > 1``: FSDP over that many ranks."""
+    p = shape.params
+    if shards > 1:
+        # fp32 shards (masters), their fp32 gradients and moments; the gathered compute-dtype layers
+        # (current + prefetched), the gathered root (embeddings, tied head) and a layer's unsharded gradient
+        gathered = 2 * shape.layer_params * dtype_bytes + shape.embedding_params * dtype_bytes
+        return [
+            Term("sharded fp32 weights, gradients and AdamW state", 16 * p // shards, "nproc_per_node"),
+            Term("gathered layers and embeddings", gathered + shape.layer_params * 4, "nproc_per_node"),
+        ]
+    if dtype_bytes < 4:
+        return [
+            Term("bf16 weights", p * dtype_bytes, "nproc_per_node"),
+            Term("fp32 master weights, gradients and AdamW state", 16 * p, "nproc_per_node"),
+        ]
+    return [Term("fp32 weights, gradients and AdamW state", 16 * p, "nproc_per_node")]
+
+
+# The torch engine's KV buffer doubles when full (components/engine/kv_cache.py), so at worst it holds
+# twice the slots its longest sequence needs.
+ENGINE_KV_GROWTH = 2
+
+
+def engine_terms(
+    shape: ModelShape, rows: int, prompt: int, max_new: int, dtype_bytes: int, knob: str
+) -> list[Term]:
+    """The torch engine decoding ``rows`` sequences (weights counted by the caller)."""
+    kv = ENGINE_KV_GROWTH * rows * (prompt + max_new + 1) * shape.kv_bytes_per_token(dtype_bytes)
+    per_step = rows * shape.vocab * (dtype_bytes + 12)  # the last position's logits, fp32 log-softmax, probs
+    # prefill: one layer's activations at a time (no gradient), the prompt's mask, one row of logits
+    prefill = rows * prompt * (layer_activation_bytes(shape, dtype_bytes, True) // 2) + rows * prompt**2 * (
+        1 + dtype_bytes
+    )
+    return [
+        Term(
+            "KV cache (doubling buffer) at prompt + max_new_tokens",
+            kv,
+            f"{knob}.batch_size or {knob}.max_new_tokens",
+        ),
+        Term("decode logits", per_step, f"{knob}.batch_size"),
+        Term("prefill working set", prefill, f"{knob}.batch_size"),
+    ]
+
+
+def _sft_plan(stage: str, cfg: Any, shape: ModelShape) -> PhasePlan:
+    w = compute_dtype_bytes(cfg)
+    if stage == "seed":
+        sc = cfg.seed
+        nproc, rows, seq_len = 1, math.ceil(sc.batch_size / max(1, sc.length_splits)), sc.max_length
+        checkpointing, masked = False, sc.batch_size > 1
+    else:
+        sc = getattr(cfg, stage)
+        nproc = sc.nproc_per_node
+        per_rank = max(1, sc.batch_size // nproc)
+        rows, seq_len = math.ceil(per_rank / sc.length_splits), sc.max_length
+        checkpointing, masked = sc.gradient_checkpointing, sc.mode == "parallel" or rows > 1
+    terms = training_state_terms(shape, w, nproc)
+    terms = [Term(t.name, t.bytes, f"{stage}.{t.setting}" if stage != "seed" else "") for t in terms]
+    fwd = ForwardShape(rows=rows, seq_len=seq_len, masked=masked)
+    terms += training_activation_terms(shape, fwd, w, checkpointing, stage)
+    notes = [
+        f"{rows} x {seq_len} tokens per forward, gradient checkpointing {'on' if checkpointing else 'off'}"
+    ]
+    return PhasePlan(
+        stage, "SFT step" + (f" (FSDP over {nproc} GPUs)" if nproc > 1 else ""), nproc, terms, notes
+    )
+
+
+def _local_rl_plans(stage: str, cfg: Any, shape: ModelShape) -> list[PhasePlan]:
+    sc = getattr(cfg, stage)
+    w = compute_dtype_bytes(cfg)
+    prompt = prompt_bound(cfg, stage)
+    state = training_state_terms(shape, w)
+    gen_rows = (sc.gen_batch_prompts or sc.prompts_per_step) * sc.group_size
+    rollout = PhasePlan(
+        stage,
+        "rollouts (torch engine)",
+        1,
+        state + engine_terms(shape, gen_rows, prompt, sc.max_new_tokens, w, stage),
+        [f"{gen_rows} sequences of up to {prompt} + {sc.max_new_tokens} tokens"],
+    )
+    mini = math.ceil(sc.prompts_per_step * sc.group_size / sc.mini_batches)
+    rows = min(sc.micro_batch_size or mini, mini)
+    fwd = ForwardShape(
+        rows=rows, seq_len=prompt + sc.max_new_tokens + 1, masked=True, scored=rows * (sc.max_new_tokens + 1)
+    )
+    update = PhasePlan(
+        stage,
+        "policy update",
+        1,
+        state + training_activation_terms(shape, fwd, w, False, stage),
+        [f"micro-batches of {rows} rollouts ({stage}.micro_batch_size)"],
+    )
+    return [rollout, update]
+
+
+def _verl_plans(stage: str, cfg: Any, shape: ModelShape, gpu: Any) -> list[PhasePlan]:
+    sc = getattr(cfg, stage)
+    v = sc.verl
+    n = v.nnodes * v.n_gpus_per_node
+    p = shape.params
+    seq = v.max_prompt_length + sc.max_new_tokens
+    knob = f"{stage}.verl"
+    # actor update (FSDP over every GPU): fp32 shards on the GPU unless offloaded to the host
+    state = []
+    if not v.param_offload:
+        state.append(Term("sharded fp32 weights and gradients", 8 * p // n, f"{knob}.param_offload: true"))
+    else:
+        state.append(Term("sharded fp32 gradients", 4 * p // n, f"{knob}.param_offload"))
+    if not v.optimizer_offload:
+        state.append(Term("sharded AdamW state", 8 * p // n, f"{knob}.optimizer_offload: true"))
+    state.append(
+        Term(
+            "gathered bf16 layers and embeddings", 2 * 2 * shape.layer_params + 2 * shape.embedding_params, ""
+        )
+    )
+    tokens = (
+        v.max_token_len_per_gpu if v.use_dynamic_bsz else v.micro_batch_size_per_gpu * seq // v.ulysses_sp
+    )
+    rows = max(1, tokens // seq) if v.use_dynamic_bsz else v.micro_batch_size_per_gpu
+    seq_len = min(seq, tokens)
+    masked = not v.use_remove_padding
+    fwd = ForwardShape(rows=rows, seq_len=seq_len, masked=masked)
+    acts = [
+        t
+        for t in training_activation_terms(shape, fwd, 2, v.gradient_checkpointing, stage)
+        if not t.name.startswith("logits")
+    ]
+    fix = f"{knob}.max_token_len_per_gpu" if v.use_dynamic_bsz else f"{knob}.micro_batch_size_per_gpu"
+    acts = [Term(t.name, t.bytes, f"{knob}.gradient_checkpointing: true or lower {fix}") for t in acts]
+    # verl's stock actor: the micro-batch's bf16 logits and an fp32 working copy for log-probs/entropy
+    logits = Term("logits (T x V, bf16 + fp32)", rows * seq_len * shape.vocab * 6, f"lower {fix}")
+    actor = PhasePlan(stage, f"verl actor update (FSDP over {n} GPUs)", n, state + acts + [logits])
+    # rollout: SGLang takes gpu_memory_utilization of each GPU for weights + KV pool (actor state offloaded)
+    tp = v.rollout_tp
+    weights = 2 * p // tp
+    pool = int(gpu.memory_gib * GIB * v.gpu_memory_utilization) - weights
+    kv_per_token = shape.kv_bytes_per_token(2) // min(tp, shape.kv_heads)
+    pool_tokens = max(0, pool) // kv_per_token
+    rollout = PhasePlan(
+        stage,
+        f"verl rollout (SGLang, TP {tp})",
+        n,
+        [
+            Term(
+                f"SGLang static memory ({v.gpu_memory_utilization:.0%} of the GPU)",
+                int(gpu.memory_gib * GIB * v.gpu_memory_utilization),
+                f"{knob}.gpu_memory_utilization",
+            ),
+        ],
+        [f"KV pool {max(0, pool) / GIB:.1f} GiB = {pool_tokens} tokens per TP group"],
+        requirement=None
+        if pool_tokens >= seq
+        else (
+            f"the SGLang KV pool holds {pool_tokens} tokens per TP group, less than one sequence of "
+            f"{seq} ({knob}.max_prompt_length + {stage}.max_new_tokens): raise {knob}.gpu_memory_utilization "
+            f"or {knob}.rollout_tp"
+        ),
+    )
+    return [actor, rollout]
+
+
+def sglang_spec(generation: Any) -> dict[str, Any]:
+    """The SGLang server spec a decode stage launches (engine-controller: ``generation.server_spec``)."""
+    import yaml
+
+    path = Path(getattr(generation, "server_spec", DEFAULT_SGLANG_SPEC))
+    return yaml.safe_load(path.read_text()) if path.exists() else {}
+
+
+def _decode_plans(stage: str, cfg: Any, shape: ModelShape, gpu: Any) -> list[PhasePlan]:
+    section = getattr(cfg, stage)
+    gen = section.generation
+    w = compute_dtype_bytes(cfg)
+    prompt = prompt_bound(cfg)
+    knob = f"{stage}.generation"
+    if gen.backend == "sglang":
+        spec = sglang_spec(gen)
+        tp, dp = int(spec.get("tp_size", 1)), int(spec.get("dp_size", 1))
+        fraction = float(spec.get("mem_fraction_static", 0.85))
+        context = int(spec.get("context_length", prompt + gen.max_new_tokens))
+        weights = 2 * shape.params // tp
+        pool = int(gpu.memory_gib * GIB * fraction) - weights
+        pool_tokens = max(0, pool) // (shape.kv_bytes_per_token(2) // min(tp, shape.kv_heads))
+        return [
+            PhasePlan(
+                stage,
+                f"SGLang server (TP {tp} x DP {dp})",
+                tp * dp,
+                [
+                    Term(
+                        f"SGLang static memory ({fraction:.0%})",
+                        int(gpu.memory_gib * GIB * fraction),
+                        "mem_fraction_static",
+                    )
+                ],
+                [f"KV pool {max(0, pool) / GIB:.1f} GiB = {pool_tokens} tokens per replica"],
+                requirement=None
+                if pool_tokens >= context
+                else (
+                    f"the SGLang KV pool holds {pool_tokens} tokens, less than one {context}-token context: "
+                    "raise mem_fraction_static or tp_size in the server spec"
+                ),
+            )
+        ]
+    rows = gen.batch_size
+    terms = [Term(f"{'bf16' if w < 4 else 'fp32'} weights", shape.params * w, "")]
+    terms += engine_terms(shape, rows, prompt, gen.max_new_tokens, w, knob)
+    return [
+        PhasePlan(stage, "decode (torch engine)", 1, terms, [f"{rows} sequences at once ({knob}.batch_size)"])
+    ]
+
+
+def plan_stage(stage: str, cfg: Any, model_dir: str | Path | None = None, gpu: Any = None) -> list[PhasePlan]:
+    """The memory plan of ``stage`` (empty when the stage uses no GPU: data stages, or a CPU profile's)."""
+    gpu = gpu or cfg.orchestration.gpu
+    shape = model_shape(cfg, model_dir)
+    if stage == "seed":
+        trains = cfg.models.base_model == "tiny" and cfg.seed.enabled and cfg.seed.steps > 0
+        return [_sft_plan(stage, cfg, shape)] if trains and uses_gpu(cfg) else []
+    if stage in SFT_STAGES:
+        return [_sft_plan(stage, cfg, shape)] if uses_gpu(cfg) else []
+    if stage in RL_STAGES:
+        sc = getattr(cfg, stage)
+        if sc.backend == "verl":
+            return _verl_plans(stage, cfg, shape, gpu)
+        return _local_rl_plans(stage, cfg, shape) if uses_gpu(cfg) else []
+    if stage in ("distill", "evaluate"):
+        gen = getattr(cfg, stage).generation
+        return _decode_plans(stage, cfg, shape, gpu) if gen.backend == "sglang" or uses_gpu(cfg) else []
+    return []
+
+
+def gpus_for(stage: str, cfg: Any) -> int:
+    """GPUs the stage's own job needs (what the gpu pool is asked for): 0 for data stages, a CPU profile's
+    stages, a hub seed (it only materialises the model) and a verl stage attached to a running Ray
+    cluster (the cluster has the GPUs); a verl stage that starts its own Ray head needs its node's GPUs."""
+    if stage in RL_STAGES and getattr(cfg, stage).backend == "verl":
+        v = getattr(cfg, stage).verl
+        return 0 if v.ray_address else v.n_gpus_per_node
+    plans = plan_stage(stage, cfg)
+    return max((p.gpus for p in plans), default=0)
+
+
+def uses_gpu(cfg: Any) -> bool:
+    """Whether the profile's local torch work runs on CUDA (``run.device``; ``auto`` counts as CUDA)."""
+    return cfg.run.device in ("cuda", "auto")
+
+
+def problems(plans: list[PhasePlan], capacity: int, gpu_name: str) -> list[str]:
+    """One sentence per phase that does not fit ``capacity`` bytes or misses its requirement."""
+    out = []
+    for plan in plans:
+        if plan.total_bytes > capacity:
+            big = plan.largest()
+            out.append(
+                f"{plan.stage} ({plan.phase}) needs {plan.describe()}, but one {gpu_name} offers "
+                f"{capacity / GIB:.1f} GiB: the largest part is {big.name} ({big.bytes / GIB:.1f} GiB); "
+                f"to fit, change {big.setting or 'the GPU type (orchestration.gpu)'}"
+            )
+        if plan.requirement:
+            out.append(f"{plan.stage} ({plan.phase}): {plan.requirement}")
+    return out
+
+
+def check_stage(
+    stage: str, cfg: Any, model_dir: str | Path | None = None, device: Any = None
+) -> list[PhasePlan]:
+    """Raise ``MemoryPlanError`` (naming the setting) when ``stage`` cannot fit; returns its plan.
+
+    ``device``: a CUDA device to check against (its real memory; at stage start), else the profile's
+    declared ``orchestration.gpu``.
+    """
+    gpu = cfg.orchestration.gpu
+    capacity = capacity_bytes(gpu)
+    name = gpu.name
+    if device is not None:
+        import torch
+
+        props = torch.cuda.get_device_properties(device)
+        capacity = int(props.total_memory - gpu.reserved_gib * GIB)
+        name = props.name
+    plans = plan_stage(stage, cfg, model_dir)
+    found = problems(plans, capacity, name)
+    if found:
+        raise MemoryPlanError("; ".join(found))
+    return plans
+
+
+def init_model_dir(stage: str, cfg: Any, io: Any) -> Path | None:
+    """The model directory ``stage`` starts from (``<init_from>/model``), when it has one and it exists."""
+    init = getattr(getattr(cfg, stage, None), "init_from", None)
+    if init is None:
+        return None
+    path = io.inputs.get(f"{init}/model")
+    return path if path is not None and Path(path).is_dir() else None
+
+
+def check_before_run(stage: str, cfg: Any, io: Any) -> None:
+    """What a stage calls before any work (``components.stages.run_stage``): its plan against the GPU it
+    got (a local CUDA run) or the declared ones (verl and SGLang stages, whose GPUs are a cluster's)."""
+    import torch
+
+    external = (stage in RL_STAGES and getattr(cfg, stage).backend == "verl") or (
+        stage in ("distill", "evaluate") and getattr(cfg, stage).generation.backend == "sglang"
+    )
+    device = None
+    if not external:
+        if not uses_gpu(cfg) or not torch.cuda.is_available():
+            return  # CPU work: no device memory to plan (the tiny profile)
+        device = torch.device("cuda", torch.cuda.current_device())
+    check_stage(stage, cfg, init_model_dir(stage, cfg, io), device)

@@ -1,0 +1,26 @@
+"""The names under which the plugins register in verl, and the environment the launcher sets for them.
+
+Kept apart from the plugin modules so the launcher and the plugins read one definition.
+"""
+
+from __future__ import annotations
+
+# The module verl imports in every process (VERL_USE_EXTERNAL_MODULES, model.external_lib): the package
+# itself, whose import registers every plugin below.
+PLUGIN_PACKAGE = "components.training.verl_plugins"
+
+# EngineRegistry key of the NPR actor: EngineRegistry.get_engine_cls picks it when VERL_ENGINE_VENDOR is set
+# to this value (the device part of the key stays the real device, "cuda").
+ENGINE_VENDOR = "npr"
+ENGINE_VENDOR_ENV = "VERL_ENGINE_VENDOR"
+ENGINE_DEVICES = ("cuda", "npu")
+
+# verl's reward-manager registry (reward.reward_manager.name): DAPO's manager that decodes with tags kept.
+REWARD_MANAGER = "npr"
+
+# verl's agent-loop registry (actor_rollout_ref.rollout.agent.default_agent_loop): native fork/merge rollouts.
+AGENT_LOOP = "npr_parallel"
+
+# The structure schema the NPR actor and the agent loop parse (set from params.yaml's schema_name).
+SCHEMA_ENV = "NPR_SCHEMA"
+DEFAULT_SCHEMA = "npr"

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The code a gpu-pool job runs: the commit that launched the pipeline, not the one baked into the image.
+#
+# Run by the npr-stage deployment's pull step (prefect.yaml). Reads NPR_GIT_COMMIT / NPR_GIT_REMOTE (set by
+# the pipeline flow for each gpu stage) and NPR_REPO_DIR (the checkout baked into the image, or a local
+# worker's own checkout). Prints the directory to run in on stdout (its only stdout line); git's output
+# goes to stderr. The flow then runs there, and flows/stage.py puts that directory first on PYTHONPATH,
+# so `npr stage` imports this commit's code.
+set -euo pipefail
+
+repo="${NPR_REPO_DIR:-/opt/npr}"
+commit="${NPR_GIT_COMMIT:-}"
+remote="${NPR_GIT_REMOTE:-}"
+root="${NPR_CHECKOUT_ROOT:-${TMPDIR:-/tmp}/npr-checkouts}"
+
+if [ -z "$commit" ]; then
+  echo "checkout: no NPR_GIT_COMMIT given; running the code in $repo" >&2
+  echo "$repo"
+  exit 0
+fi
+if [ "$(git -C "$repo" rev-parse HEAD 2>/dev/null || true)" = "$commit" ] \
+  && [ -z "$(git -C "$repo" status --porcelain --untracked-files=no -- . ':!params.yaml' ':!dvc.lock' 2>/dev/null || echo dirty)" ]; then
+  echo "checkout: $repo is at $commit" >&2
+  echo "$repo"
+  exit 0
+fi
+dest="$root/$commit"
+if [ ! -d "$dest/.git" ]; then
+  source="${remote:-$repo}"
+  if [ -z "$remote" ] && ! git -C "$repo" cat-file -e "$commit^{commit}" 2>/dev/null; then
+    echo "checkout: commit $commit is not in $repo and NPR_GIT_REMOTE is not set" >&2
+    exit 2
+  fi
+  mkdir -p "$root"
+  tmp="$(mktemp -d "$root/.clone-XXXXXX")"
+  git clone --quiet --no-checkout "$source" "$tmp" >&2
+  git -C "$tmp" -c advice.detachedHead=false checkout --quiet --detach "$commit" >&2
+  # this machine's DVC remote settings (.dvc/config.local, never committed) come along
+  if [ -f "$repo/.dvc/config.local" ]; then cp "$repo/.dvc/config.local" "$tmp/.dvc/config.local"; fi
+  mv "$tmp" "$dest" 2>/dev/null || rm -rf "$tmp"  # a concurrent job may have made it first
+fi
+echo "checkout: running commit $commit in $dest" >&2
+echo "$dest"

@@ -1,0 +1,221 @@
+"""A stage's SGLang server, for real: started from the spec, healthy, serving the right model, always stopped;
+and the client's behaviour when the server fails (HTTP 5xx, abort, a dead process), against the stand-in
+server (tests/support/sglang_standin.py) run as a subprocess exactly as ``sglang.launch_server`` would be."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from components.engine import GenerationConfig, generate
+from components.engine.backends.sglang_client import SGLangError
+from components.models.tiny import tiny_test_world
+from components.ops.sglang_server import (
+    SGLangServerError,
+    attached,
+    check_context_length,
+    context_length_for,
+    launched,
+    serving,
+)
+from components.structure import TagIds
+
+TWO_PLANS = "<guideline><plan>1: add</plan><plan>2: mul</plan></guideline>"
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    model, tok = tiny_test_world(seed=0)
+    path = tmp_path_factory.mktemp("world")
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return tok, path
+
+
+def _spec(tmp_path: Path, **extra) -> Path:
+    spec = {
+        "python": sys.executable,
+        "module": "tests.support.sglang_standin",
+        "model_path": "replaced-by-the-stage",
+        "host": "0.0.0.0",
+        "port": 30000,
+        "tp_size": 1,
+        "context_length": 256,
+        "random_seed": 0,
+        "env": {"SGLANG_RETURN_ORIGINAL_LOGPROB": "1"},
+        **extra,
+    }
+    path = tmp_path / "server.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+@pytest.fixture(scope="module")
+def server(world, tmp_path_factory):
+    """One stand-in server for the tests that do not kill it; every request it serves is logged."""
+    _, path = world
+    tmp = tmp_path_factory.mktemp("server")
+    log = tmp / "requests.jsonl"
+    cfg = _cfg(
+        _spec(tmp, enable_deterministic_inference=True), mode="parallel", max_new_tokens=40, max_step_tokens=6
+    )
+    os.environ["SGLANG_STANDIN_REQUEST_LOG"] = str(log)
+    try:
+        with serving(path, cfg, tmp / "logs") as served:
+            yield served, log
+    finally:
+        os.environ.pop("SGLANG_STANDIN_REQUEST_LOG", None)
+
+
+def _arm(url: str, fault: str) -> None:
+    import urllib.request
+
+    req = urllib.request.Request(
+        f"{url}/_standin/fault", data=json.dumps({"fault": fault}).encode(), method="POST"
+    )
+    urllib.request.urlopen(req, timeout=10).read()
+
+
+def _cfg(spec: Path, **kw) -> GenerationConfig:
+    return GenerationConfig(
+        backend="sglang", merge_mode="reprefill", server_spec=str(spec), server_start_timeout_s=120, **kw
+    )
+
+
+def _prompts(tok, n: int) -> list[str]:
+    chat = [{"role": "user", "content": "2+3?"}]
+    return [tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)] * n
+
+
+def _server_processes(port: str) -> list[int]:
+    import psutil
+
+    out = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        cmd = proc.info["cmdline"] or []
+        if "tests.support.sglang_standin" in cmd and port in cmd:
+            out.append(proc.info["pid"])
+    return out
+
+
+def test_requests_carry_sglang_params_seeds_and_shared_prefixes(world, server) -> None:
+    tok, _ = world
+    served, log = server
+    assert served.server_url.startswith("http://127.0.0.1:") and not served.server_url.endswith(":30000")
+    tags = TagIds.from_tokenizer(tok, "npr")
+    before = len(log.read_text().splitlines()) if log.exists() else 0
+    gens = generate(None, tok, _prompts(tok, 2), served, tags, [TWO_PLANS] * 2)
+    assert all(g.parallel_taken and g.blocks[0].merged and g.backend == "sglang" for g in gens)
+    requests = [json.loads(line) for line in log.read_text().splitlines()[before:]]
+    # per request: token ids in, SGLang's sampling parameter names, a seed of its own
+    sp = requests[0]["sampling_params"]
+    assert {"max_new_tokens", "stop_token_ids", "temperature", "top_p", "top_k", "sampling_seed"} <= set(sp)
+    assert sp["skip_special_tokens"] is False and sp["no_stop_trim"] is True
+    assert all(r["return_logprob"] for r in requests)
+    seeds = [r["sampling_params"]["sampling_seed"] for r in requests]
+    assert len(set(seeds)) == len(seeds)
+    # the branches of a block share the prefix (the main stream's ids through </guideline>), then each
+    # adds <step> + its label, scored through logprob_start_len; the merge re-sends prefix + both branches
+    step = tok.convert_tokens_to_ids("<step>")
+    firsts = [r for r in requests if r["input_ids"].count(step) == 1]
+    fork = max(len(r["input_ids"]) for r in requests if step not in r["input_ids"])
+    pairs = [r for r in firsts if r["logprob_start_len"] == len(r["input_ids"]) - 1 - 3]
+    assert len(pairs) == 4 and all(r["input_ids"][fork] == step for r in pairs)
+    assert len({tuple(r["input_ids"][:fork]) for r in pairs}) == 1  # identical prompts: one shared prefix
+    takeaway = tok.convert_tokens_to_ids("<takeaway>")
+    merges = [r for r in requests if r["input_ids"].count(step) == 2 and r["input_ids"][-1] == takeaway]
+    assert len(merges) == 2 and all(r["logprob_start_len"] == len(r["input_ids"]) - 2 for r in merges)
+
+
+@pytest.mark.parametrize(("fault", "message"), [("http500", "HTTP 500"), ("abort", "aborted")])
+def test_server_failures_are_clear_errors(world, server, fault: str, message: str) -> None:
+    tok, _ = world
+    served, _ = server
+    _arm(served.server_url, fault)
+    seq = served.model_copy(update={"mode": "sequential", "max_new_tokens": 8, "batch_size": 1})
+    with pytest.raises(SGLangError, match=message):
+        generate(None, tok, _prompts(tok, 3), seq)
+    assert len(generate(None, tok, _prompts(tok, 1), seq)) == 1  # the server itself is fine
+
+
+def test_attach_refuses_a_server_of_another_checkpoint(world, server, tmp_path: Path) -> None:
+    _, path = world
+    served, _ = server
+    with attached(served.server_url, path) as same:
+        assert same == served.server_url
+    with pytest.raises(SGLangServerError, match="not the checkpoint"), attached(served.server_url, tmp_path):
+        pass
+    attach_cfg = served.model_copy(update={"server": "attach"})
+    assert context_length_for(attach_cfg) == 256 == context_length_for(served)
+
+
+def test_context_length_is_checked_before_any_work(world, server) -> None:
+    tok, _ = world
+    served, _ = server
+    check_context_length(256, 56, 200, "distill")  # fits exactly
+    with pytest.raises(SGLangServerError, match=r"57 tokens\) \+ generation.max_new_tokens \(200\)"):
+        check_context_length(256, 57, 200, "distill")
+    # a request that does not fit is rejected by the server with SGLang's own message
+    too_long = served.model_copy(update={"mode": "sequential", "max_new_tokens": 250})
+    with pytest.raises(SGLangError, match="maximum context length of 256"):
+        generate(None, tok, _prompts(tok, 1), too_long)
+
+
+def test_a_server_dying_mid_run_is_a_clear_error_and_is_cleaned_up(world, tmp_path: Path) -> None:
+    tok, path = world
+    cfg = _cfg(_spec(tmp_path), max_new_tokens=8, batch_size=1)
+    with pytest.raises(KeyboardInterrupt), launched(path, cfg, tmp_path / "logs") as url:
+        port = url.rsplit(":", 1)[1]
+        assert _server_processes(port)
+        _arm(url, "exit")
+        with pytest.raises(SGLangError, match="lost the connection"):
+            generate(None, tok, _prompts(tok, 2), cfg.model_copy(update={"server_url": url}))
+        raise KeyboardInterrupt  # then Ctrl-C in the stage: the launcher must still clean up
+    assert not _server_processes(port)
+    with pytest.raises(SGLangError, match="cannot reach"):
+        generate(None, tok, _prompts(tok, 1), cfg.model_copy(update={"server_url": url}))
+
+
+def test_server_that_dies_before_health_reports_its_log(world, tmp_path: Path) -> None:
+    cfg = _cfg(_spec(tmp_path))
+    with (
+        pytest.raises(SGLangServerError, match="exited with code 1") as info,
+        launched(tmp_path / "no-such-model", cfg, tmp_path / "logs"),
+    ):
+        pass
+    assert "model load failed" in str(info.value)
+
+
+def test_sigterm_to_the_stage_stops_its_server(world, tmp_path: Path) -> None:
+    """A stage killed with SIGTERM (a task timeout) must not leave its server running on the GPUs."""
+    import signal
+    import subprocess
+    import time
+
+    _, path = world
+    spec = _spec(tmp_path)
+    script = (
+        "import sys, time\n"
+        "from components.engine import GenerationConfig\n"
+        "from components.ops.sglang_server import launched\n"
+        f"cfg = GenerationConfig(backend='sglang', merge_mode='reprefill', server_spec={str(spec)!r},"
+        " server_start_timeout_s=120)\n"
+        f"with launched({str(path)!r}, cfg, {str(tmp_path / 'logs')!r}) as url:\n"
+        "    print(url, flush=True)\n"
+        "    time.sleep(300)\n"
+    )
+    stage = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    url = stage.stdout.readline().strip()
+    port = url.rsplit(":", 1)[1]
+    assert _server_processes(port)
+    stage.send_signal(signal.SIGTERM)
+    assert stage.wait(timeout=60) == 128 + signal.SIGTERM
+    deadline = time.monotonic() + 10
+    while _server_processes(port) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _server_processes(port)

@@ -1,0 +1,42 @@
+"""A local PAPO step with re-prefilled merges: the torch engine's ``reprefill`` mode plus the correction.
+
+What the merge measurement runs (issue 14 item 5): the same trainer as the tiny recipe, whose rollouts
+continue after each block as an SGLang server would; tokens before the first merge are exact, those after
+it are reweighted, and the two mismatches are reported apart.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from components.config import load_config
+from components.data.synthetic import generate_problems
+from components.training.rl import RLTrainer
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_reprefill_papo_step_reports_exact_branches_and_corrects_post_merge_tokens(warm_world, tmp_path):
+    model, tok = warm_world
+    cfg = load_config(
+        profile="tiny",
+        overrides=[
+            "papo_rl.merge_mode=reprefill",
+            "papo_rl.steps=1",
+            "papo_rl.prompts_per_step=8",
+            "papo_rl.group_size=4",
+            "papo_rl.max_new_tokens=96",
+            "papo_rl.eval_before_train=false",
+        ],
+    )
+    cfg.tracking.mode = "disabled"
+    ps = generate_problems(12, seed=21)
+    trainer = RLTrainer("papo_rl", cfg, model, tok, ps[:8], ps[8:], tmp_path)
+    step = trainer.train_step()
+    assert step["train/rollouts_trained"] > 0
+    assert step["rollout_corr/post_merge_token_frac"] > 0, "some trained rollouts merged a block"
+    # tokens sampled before the first merge (plans, the first block's branches) are exact
+    assert step["rollout_corr/pre_merge_abs_logp_diff_max"] <= 1e-4
+    # after it the engine read the branches as one sequential text: a real mismatch, then reweighted
+    assert step["rollout_corr/post_merge_abs_logp_diff_mean"] > 1e-3
+    assert 0 < step["rollout_corr/post_merge_is_weight_mean"] <= cfg.papo_rl.rollout_correction.is_threshold
