@@ -217,21 +217,22 @@ def cross_field_problems(cfg: PipelineConfig) -> list[str]:
     """Rules that tie keys together, each problem naming its keys (empty when the config is consistent)."""
     problems = []
     tiny = cfg.models.tiny
-    if cfg.models.base_model == "tiny":
-        if tiny is None:
-            problems.append("models.tiny: models.base_model is 'tiny' but the tiny architecture is not set")
-        else:
-            limit = tiny.max_position_embeddings
-            for key, n in _generation_lengths(cfg).items():
-                if n >= limit:  # the prompt needs at least one position too
-                    problems.append(
-                        f"{key}={n} leaves no room for the prompt within models.tiny.max_position_embeddings={limit}"
-                    )
-            lengths = {"seed.max_length": cfg.seed.max_length}
-            lengths.update({f"{s}.max_length": getattr(cfg, s).max_length for s in SFT_STAGES})
-            for key, n in lengths.items():
-                if n > limit:
-                    problems.append(f"{key}={n} exceeds models.tiny.max_position_embeddings={limit}")
+    if cfg.models.base_model == "tiny" and tiny is None:
+        problems.append("models.tiny: models.base_model is 'tiny' but the tiny architecture is not set")
+    if tiny is not None:
+        # the tiny architecture is the model's whether the stage builds it (base_model: tiny) or
+        # materialises the committed checkpoint that was built from it (models/tiny-instruct)
+        limit = tiny.max_position_embeddings
+        for key, n in _generation_lengths(cfg).items():
+            if n >= limit:  # the prompt needs at least one position too
+                problems.append(
+                    f"{key}={n} leaves no room for the prompt within models.tiny.max_position_embeddings={limit}"
+                )
+        lengths = {"seed.max_length": cfg.seed.max_length}
+        lengths.update({f"{s}.max_length": getattr(cfg, s).max_length for s in SFT_STAGES})
+        for key, n in lengths.items():
+            if n > limit:
+                problems.append(f"{key}={n} exceeds models.tiny.max_position_embeddings={limit}")
     for stage in RL_STAGES:
         sc = getattr(cfg, stage)
         if sc.engine_mode == "parallel" and not sc.structural_filter:

@@ -172,7 +172,7 @@ def test_prepare_examples_records_every_rejection(world):
         mode="parallel",
         prompt_style="parallel",
         schema_name="npr",
-        max_length=200,
+        max_length=320,
     )
     summary = data.summary()
     assert summary["n_records"] == 5 and summary["n_examples"] == 2 and summary["n_rejected"] == 3
@@ -189,7 +189,7 @@ def test_prepare_examples_records_every_rejection(world):
         mode="sequential",
         prompt_style="parallel",
         schema_name="npr",
-        max_length=200,
+        max_length=320,
     )
     assert seq.summary()["n_examples"] == 3  # causal mode trains the malformed trace as text
 

@@ -83,8 +83,9 @@ def test_chunked_scores_equal_the_full_log_softmax(world, parallel, chunk):
     model.zero_grad(set_to_none=True)
     got, entropy = response_log_probs(model, batch, temperature=0.7, with_entropy=True, chunk_tokens=chunk)
     got.sum().backward()
-    torch.testing.assert_close(got, ref, rtol=0, atol=2e-6)
-    torch.testing.assert_close(entropy, ref_entropy, rtol=0, atol=2e-6)
+    # chunking changes the fp32 summation order only: a few ulps of |log p| (up to ~6 here)
+    torch.testing.assert_close(got, ref, rtol=1e-6, atol=2e-6)
+    torch.testing.assert_close(entropy, ref_entropy, rtol=1e-6, atol=2e-6)
     assert float((got != 0).sum()) == float(batch.response_mask.sum())
     for name, p in model.named_parameters():
         scale = float(ref_grads[name].abs().max()) + 1e-12
