@@ -67,6 +67,7 @@ def stage_overrides(device: str, dtype: str, cpu: bool) -> list[str]:
         "sample_orz.synthetic_pool=600",
         "sample_orz.n=300",
         "sample_orz.test_n=16",
+        "sample_orz.val_n=16",
         "seed.steps=" + ("6" if cpu else "200"),
         "seed.save_every=100",
         "seed.eval_n=8",

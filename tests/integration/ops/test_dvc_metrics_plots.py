@@ -21,7 +21,7 @@ from ops_testing import VENV_BIN, copy_checkout, git_commit, run
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-SMALL = ["sample_orz.synthetic_pool=1500", "sample_orz.n=400", "sample_orz.test_n=50"]
+SMALL = ["sample_orz.synthetic_pool=1500", "sample_orz.n=400", "sample_orz.test_n=50", "sample_orz.val_n=20"]
 
 
 def _dvc(repo: Path, *args: str) -> subprocess.CompletedProcess:

@@ -114,6 +114,8 @@ def test_server_deployments_worker_and_a_pipeline_run(
             "sample_orz.n=1000",
             "--set",
             "sample_orz.test_n=100",
+            "--set",
+            "sample_orz.val_n=50",
         ],
         root,
     )

@@ -59,7 +59,7 @@ def test_data_stages_get_runs_references_and_rejection_categories(
     wandb_dir: Path, tmp_path: Path, in_repo: Path
 ) -> None:
     cfg = load_config(profile="tiny")
-    cfg.sample_orz = cfg.sample_orz.model_copy(update={"synthetic_pool": 400, "n": 150, "test_n": 40})
+    cfg.sample_orz = cfg.sample_orz.model_copy(update={"synthetic_pool": 1200, "n": 150, "test_n": 40, "val_n": 20})
     root = tmp_path / "artifacts"
     sample = StageIO(
         stage="sample_orz",

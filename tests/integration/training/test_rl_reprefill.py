@@ -25,12 +25,12 @@ def test_a_reprefill_papo_step_reports_exact_branches_and_corrects_post_merge_to
             "papo_rl.steps=1",
             "papo_rl.prompts_per_step=8",
             "papo_rl.group_size=4",
-            "papo_rl.max_new_tokens=96",
+            "papo_rl.max_new_tokens=160",
             "papo_rl.eval_before_train=false",
         ],
     )
     cfg.tracking.mode = "disabled"
-    ps = generate_problems(12, seed=21)
+    ps = generate_problems(12, seed=21, weights={"easy": 1.0})  # the warm-up's (shortest) traces
     trainer = RLTrainer("papo_rl", cfg, model, tok, ps[:8], ps[8:], tmp_path)
     step = trainer.train_step()
     assert step["train/rollouts_trained"] > 0

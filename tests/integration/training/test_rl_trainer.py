@@ -16,7 +16,7 @@ from components.training.rl import RLTrainer, run_rl_stage
 
 pytestmark = pytest.mark.slow
 
-SMALL = ["steps=2", "prompts_per_step=4", "group_size=4", "max_new_tokens=48", "eval_n=8", "eval_every=2"]
+SMALL = ["steps=2", "prompts_per_step=4", "group_size=4", "max_new_tokens=128", "eval_n=8", "eval_every=2"]
 
 
 def small_cfg(stage: str, *extra: str):
