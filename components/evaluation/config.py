@@ -49,6 +49,12 @@ class SpeedupConfig(StrictModel):
     benchmark: str | None = None
     max_problems: int | None = Field(None, ge=1)
     batch_size: int | None = Field(None, ge=1)
+    # which parallel checkpoints get it (None: every one); the tiny profile times NPR's, whose speedup the
+    # recipe claims, and not Parallel-R1's (each decode costs ~40 s of a 2-core run)
+    checkpoints: list[str] | None = None
+
+    def applies_to(self, checkpoint: str) -> bool:
+        return self.checkpoints is None or checkpoint in self.checkpoints
 
 
 # The pipeline stages that write a model (artifacts/<stage>/model), in the order the report lists them.
@@ -97,6 +103,9 @@ class EvaluateConfig(StrictModel):
         unknown = sorted(set(self.prompt_style_overrides) - set(self.checkpoints) - set(MODEL_STAGES))
         if unknown:
             raise ValueError(f"prompt_style_overrides {unknown} name neither a checkpoint nor a model stage")
+        unknown = sorted(set(self.speedup.checkpoints or ()) - set(self.checkpoints) - set(MODEL_STAGES))
+        if unknown:
+            raise ValueError(f"speedup.checkpoints {unknown} name neither a checkpoint nor a model stage")
         names = [b.name for b in self.benchmarks]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:

@@ -423,6 +423,11 @@ def measure_speedup(
     return summary, gens["parallel"], gens["sequential"]
 
 
+def _times_speedup(ecfg: EvaluateConfig, ckpt: CheckpointSpec) -> bool:
+    """Whether a checkpoint gets the speedup decode: parallel, ``measure_speedup``, ``speedup.checkpoints``."""
+    return ckpt.mode == "parallel" and ecfg.measure_speedup and ecfg.speedup.applies_to(ckpt.name)
+
+
 def _with_generation(cfg: Any, gen_cfg: Any) -> Any:
     """``cfg`` with ``evaluate.generation`` replaced (a served checkpoint's URL)."""
     return cfg.model_copy(update={"evaluate": cfg.evaluate.model_copy(update={"generation": gen_cfg})})
@@ -536,7 +541,7 @@ def evaluate_checkpoints(
     n_speedup = len(speedup_problems(problems, benchmarks, ecfg))
     speedup_batches = -(-n_speedup // (ecfg.speedup.batch_size or ecfg.generation.batch_size))
     units = {
-        c.name: groups + (speedup_batches if c.mode == "parallel" and ecfg.measure_speedup else 0)
+        c.name: groups + (speedup_batches if _times_speedup(ecfg, c) else 0)
         for c in checkpoints
     }
     with track("evaluate", total=sum(units.values()), unit="decode batches") as progress:
@@ -650,7 +655,7 @@ def _decode_checkpoint(
     args = (model, tokenizer, tags, problems, benchmarks, cfg, ckpt.name)
     how = {"schema": schema, "engine_settings": ckpt.engine_settings}
     decoded = evaluate_benchmarks(*args, ckpt.mode, ckpt.prompt_style, progress, **how)
-    if not (ckpt.mode == "parallel" and cfg.evaluate.measure_speedup):
+    if not _times_speedup(cfg.evaluate, ckpt):
         return decoded, None
     from components.prompts import render_prompt
 

@@ -43,6 +43,23 @@ def test_invalid_sections_name_the_problem() -> None:
     assert narrowed.prompt_style_for("seed") == "parallel"
     with pytest.raises(ValidationError, match="unique"):
         EvaluateConfig(benchmarks=[BenchmarkSpec(name="a"), BenchmarkSpec(name="a")])
+    with pytest.raises(ValidationError, match="speedup.checkpoints"):
+        EvaluateConfig(checkpoints=["seed"], parallel_checkpoints=[], speedup={"checkpoints": ["papo_r"]})
+    with pytest.raises(ValidationError, match="non-smoke"):
+        EvaluateConfig(benchmarks=[BenchmarkSpec(name="a", smoke=True)], recipe_benchmark="a")
+
+
+def test_speedup_decode_covers_the_named_parallel_checkpoints() -> None:
+    from components.evaluation.runner import CheckpointSpec, _times_speedup
+
+    every = EvaluateConfig(checkpoints=["papo_rl", "pr1_rl"], parallel_checkpoints=["papo_rl"])
+    named = every.model_copy(update={"speedup": every.speedup.model_copy(update={"checkpoints": ["papo_rl"]})})
+    par = [CheckpointSpec(n, Path(n), "parallel") for n in ("papo_rl", "pr1_rl")]
+    seq = CheckpointSpec("sr_rl", Path("sr_rl"), "sequential")
+    assert [_times_speedup(every, c) for c in [*par, seq]] == [True, True, False]
+    assert [_times_speedup(named, c) for c in [*par, seq]] == [True, False, False]
+    off = every.model_copy(update={"measure_speedup": False})
+    assert not any(_times_speedup(off, c) for c in par)
 
 
 @pytest.mark.parametrize("profile", ["tiny", "qwen3-4b"])
