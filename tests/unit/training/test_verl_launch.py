@@ -287,6 +287,23 @@ def test_papo_stage_on_qwen3_4b_prepares_a_validated_native_parallel_job(tmp_pat
     }
 
 
+def test_the_validation_set_is_the_val_split_when_sample_orz_wrote_one(tmp_path, in_repo):
+    """The same split the local trainer's held-out evals read (load_tuning_split): val, not test."""
+    import pandas as pd
+
+    from components.artifacts import write_shards
+    from components.data.synthetic import generate_problems
+    from components.training.verl_launch import prepare_launch
+
+    cfg = load_config(profile="qwen3-4b")
+    problems = _problems_dir(tmp_path, n_train=8, n_test=40)
+    val_rows = [{**r, "split": "val"} for r in generate_problems(40, seed=3)]
+    write_shards(problems, val_rows, 1, stem="val")
+    prepare_launch("papo_rl", cfg, tmp_path / "npr-beta", problems, tmp_path / "verl")
+    val = pd.read_parquet(tmp_path / "verl" / "val.parquet")
+    assert len(val) == cfg.papo_rl.eval_n and set(val["extra_info"].map(lambda e: e["split"])) == {"val"}
+
+
 def test_a_profile_without_held_out_problems_fails_before_any_file_is_written(tmp_path, in_repo):
     from components.training.verl_launch import prepare_launch
 
