@@ -78,8 +78,8 @@ class SeedConfig(StrictModel):
     weight_decay: float = Field(0.0, ge=0)
     grad_clip: float = Field(1.0, gt=0)
     max_length: int = Field(256, ge=16)
-    # Mixed precision of the build's SFT on CPU: bfloat16 autocast (fp32 master weights and loss) ran a
-    # step 1.4x faster than float32 on this machine's AVX512-BF16 cores; null = float32 throughout.
+    # Mixed precision of the build's SFT on CPU: bfloat16 autocast over fp32 weights, grads and AdamW (the
+    # same mechanism as run.autocast: components.training.precision.compute_autocast); null = float32.
     autocast: Literal["bfloat16"] | None = None
     save_every: int = Field(50, ge=1)
     # Passes per step over length-sorted slices of it: same gradient, less padding (training/sft.py)

@@ -58,7 +58,7 @@ from components.prompts import render_prompt
 from components.training.checkpoint import TrainingState, latest_checkpoint, load_checkpoint, save_checkpoint
 from components.training.dapo import DynamicSampler, DynamicSamplingStats, overlong_penalty
 from components.training.papo import post_merge_is_weights, post_merge_mask
-from components.training.precision import build_adamw, stepped_parameters
+from components.training.precision import build_adamw, compute_autocast, stepped_parameters
 from components.training.rl_batch import (
     Rollout,
     build_policy_batch,
@@ -327,9 +327,10 @@ class RLTrainer:
                 for k, micros in enumerate(micro_of):
                     for m, idx in enumerate(micros):
                         batch = build_policy_batch([rollouts[i] for i in idx], self.pad_id, parallel_tags)
-                        old_log_probs[k, m], _ = response_log_probs(
-                            self.model, batch.to(device), self.sc.temperature
-                        )
+                        with compute_autocast(self.cfg.run.autocast, device):
+                            old_log_probs[k, m], _ = response_log_probs(
+                                self.model, batch.to(device), self.sc.temperature
+                            )
 
         stats: dict[str, list[torch.Tensor]] = {
             k: [] for k in ("loss", "grad_norm", "entropy", "clipfrac", "kl")
@@ -347,9 +348,10 @@ class RLTrainer:
             sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, entropy, clipfrac, kl
             for m, idx in enumerate(micros):
                 batch = build_policy_batch([rollouts[i] for i in idx], self.pad_id, parallel_tags).to(device)
-                log_prob, entropy = response_log_probs(
-                    self.model, batch, self.sc.temperature, with_entropy=True
-                )
+                with compute_autocast(self.cfg.run.autocast, device):  # the policy forward's compute dtype
+                    log_prob, entropy = response_log_probs(
+                        self.model, batch, self.sc.temperature, with_entropy=True
+                    )
                 old = old_log_probs.get((k, m), log_prob.detach())
                 adv = advantages[idx][:, : log_prob.shape[1]]
                 weights = self._post_merge_weights([rollouts[i] for i in idx], log_prob, batch, counters)

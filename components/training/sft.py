@@ -47,7 +47,7 @@ from components.progress import track
 from components.training.batching import length_sorted_splits
 from components.training.checkpoint import TrainingState, latest_checkpoint, load_checkpoint, save_checkpoint
 from components.training.distributed import DistContext, shard_model
-from components.training.precision import build_adamw, stepped_parameters
+from components.training.precision import build_adamw, compute_autocast, stepped_parameters
 from components.training.sft_data import Mode, SFTBatch, SFTExample, collate
 from components.training.token_logprobs import token_log_probs
 
@@ -83,14 +83,17 @@ class SFTSettings:
     length_splits: int = 1
     # Recompute decoder-layer activations in the backward instead of keeping them (same gradient).
     gradient_checkpointing: bool = False
+    # run.autocast: the forward's compute dtype over fp32 weights (components.training.precision)
+    autocast: str | None = None
 
     @property
     def examples_per_step(self) -> int:
         return self.batch_size * self.grad_accum
 
     @classmethod
-    def from_stage_config(cls, cfg: Any, n_examples: int) -> SFTSettings:
-        """Settings of a ``parallel_warmup``/``sequential_warmup`` section for ``n_examples`` examples.
+    def from_stage_config(cls, cfg: Any, n_examples: int, autocast: str | None = None) -> SFTSettings:
+        """Settings of a ``parallel_warmup``/``sequential_warmup`` section for ``n_examples`` examples
+        (``autocast``: the run's ``run.autocast``).
 
         ``total_steps = max_steps`` when set, else ``ceil(epochs * n_examples / (batch_size * grad_accum))``;
         ``warmup_steps = round(warmup_ratio * total_steps)``.
@@ -115,6 +118,7 @@ class SFTSettings:
             seed=cfg.seed,
             length_splits=cfg.length_splits,
             gradient_checkpointing=cfg.gradient_checkpointing,
+            autocast=autocast,
         )
 
 
@@ -343,8 +347,10 @@ def _train_step(
     # step's total. FSDP averages gradients over ranks, so the loss is scaled back up by the world size.
     n_total = int(ctx.all_sum(sum(b.n_loss_tokens for b in batches)))
     loss_sum = 0.0
+    device = next(model.parameters()).device
     for batch in batches:
-        nll, _ = token_nll(model, batch)
+        with compute_autocast(settings.autocast, device):
+            nll, _ = token_nll(model, batch)
         (nll * ctx.world_size / n_total).backward()
         loss_sum += float(nll.detach())
     grad_norm = torch.nn.utils.clip_grad_norm_(stepped_parameters(model, optimizer), settings.grad_clip)

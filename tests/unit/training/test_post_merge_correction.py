@@ -100,7 +100,10 @@ def _rollouts(tok, cfg, merge_mode: str) -> list[Rollout]:
 @pytest.mark.parametrize("merge_mode", ["reprefill", "shared_kv"])
 def test_local_papo_update_reweights_reprefilled_post_merge_tokens(world, tmp_path, merge_mode):
     model, tok, tags = world
-    cfg = load_config(profile="tiny", overrides=["papo_rl.rollout_correction.is_threshold=1.5"])
+    # fp32 compute (run.autocast null): the gradient is compared with an fp32 one computed by hand
+    cfg = load_config(
+        profile="tiny", overrides=["papo_rl.rollout_correction.is_threshold=1.5", "run.autocast=null"]
+    )
     rollouts = _rollouts(tok, cfg, merge_mode)
     batch = build_policy_batch(rollouts, tok.pad_token_id, tags)
     with torch.no_grad():

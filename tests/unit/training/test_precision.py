@@ -20,7 +20,7 @@ from components.data import synthetic
 from components.data.synthetic import generate_problems
 from components.models.tiny import tiny_test_world
 from components.parallel import TagIds
-from components.training.precision import MasterWeightAdamW, PrecisionError, build_adamw
+from components.training.precision import MasterWeightAdamW, PrecisionError, build_adamw, compute_autocast
 from components.training.rl import RLTrainer
 from components.training.rl_batch import Rollout
 from components.training.sft import SFTSettings, _train_step, build_optimizer, build_scheduler, train_sft
@@ -322,3 +322,65 @@ def test_an_sft_step_keeps_every_tensor_on_the_model_device(world, device, mode)
             on_device, opt, build_scheduler(opt, settings), examples, settings, tok.pad_token_id, tags
         )
     assert record["loss_tokens"] > 0
+
+
+# ------------------------------------------------------------------------------------ run.autocast
+class MatmulDtypes(TorchDispatchMode):
+    """Records the dtype of every matmul-like op (mm, addmm, bmm) that runs while it is active."""
+
+    OPS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default}
+
+    def __init__(self):
+        super().__init__()
+        self.dtypes: Counter = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in self.OPS:
+            self.dtypes[args[-1].dtype] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_compute_autocast_is_a_no_op_without_a_dtype_and_refuses_float16():
+    x, w = torch.randn(2, 4), torch.randn(3, 4)
+    with compute_autocast(None, "cpu"):
+        assert torch.nn.functional.linear(x, w).dtype == torch.float32
+    with compute_autocast("bfloat16", "cpu"):
+        assert torch.nn.functional.linear(x, w).dtype == torch.bfloat16
+    with pytest.raises(PrecisionError, match="only bfloat16"):
+        compute_autocast("float16", "cpu")
+
+
+@pytest.mark.parametrize("mode", ["sequential", "parallel"])
+def test_an_autocast_sft_step_computes_in_bf16_over_fp32_weights(world, mode):
+    """The forward's (and so the backward's) matmuls run in bf16; weights, grads and AdamW stay fp32; the
+    loss is the fp32 step's to bf16 rounding."""
+    model, tok = world
+    examples = _sft_examples(tok)[:4]
+    tags = TagIds.from_tokenizer(tok, "npr") if mode == "parallel" else None
+    losses, seen = {}, {}
+    for autocast in (None, "bfloat16"):
+        settings = SFTSettings(**{**SFT.__dict__, "mode": mode, "lr": 1e-3, "autocast": autocast})
+        m = _copy(model)
+        opt = build_optimizer(m, settings)
+        with MatmulDtypes() as rec:
+            out = _train_step(m, opt, build_scheduler(opt, settings), examples, settings, tok.pad_token_id, tags)
+        losses[autocast], seen[autocast] = out["loss"], rec.dtypes
+        assert all(p.dtype == torch.float32 for p in m.parameters())
+        assert all(v.dtype == torch.float32 for s in opt.state.values() for v in s.values() if v.dim())
+    assert set(seen[None]) == {torch.float32}
+    assert seen["bfloat16"][torch.bfloat16] > seen["bfloat16"][torch.float32]
+    assert losses["bfloat16"] == pytest.approx(losses[None], rel=1e-2)
+    assert losses["bfloat16"] != losses[None]  # it did change the arithmetic
+
+
+def test_run_autocast_reaches_the_rl_update(world, tmp_path):
+    model, tok = world
+    seen = {}
+    for autocast in ("null", "bfloat16"):
+        m = _copy(model)
+        with MatmulDtypes() as rec:
+            _rl_update(m, tok, tmp_path / autocast, extra=[f"run.autocast={autocast}"])
+        seen[autocast] = rec.dtypes
+        assert all(p.dtype == torch.float32 for p in m.parameters())
+    assert set(seen["null"]) == {torch.float32}
+    assert seen["bfloat16"][torch.bfloat16] > 0
