@@ -1,8 +1,11 @@
 """SFT cost of parallel training, measured side by side in one run.
 
 1. Step time: a parallel SFT step (4D bool mask + parallel positions, sdpa) vs a causal SFT step on the
-   same token ids, same model, same batch; forward + backward + AdamW. Target ratio <= 1.25x.
-2. Memory of the attention inputs of one L-token trace (L = 4k, 16k), each built in a fresh subprocess
+   same token ids, same model, same batch; forward + backward (no optimizer step, so every timed step
+   sees the same weights). Target ratio <= 1.25x.
+2. Compute precision (``run.autocast``): the same parallel and causal steps with bf16 autocast over the fp32
+   weights vs fp32 throughout, and the relative difference of the step's loss.
+3. Memory of the attention inputs of one L-token trace (L = 4k, 16k), each built in a fresh subprocess
    (resident-set growth while the result is held, and the tensors' own bytes): the O(L) segment form, the
    dense bool mask the trainer uses, and the dense float additive mask a naive implementation (NPR's
    collator) would hold. The bool mask is built in row chunks, so its transient peak is the mask itself.
@@ -65,7 +68,8 @@ def step_time_ratio(repeats: int, batch: int) -> dict[str, float]:
     from components.models.config import TinyArchitecture
     from components.models.tiny import build_tiny_model, synthetic_corpus, train_tokenizer
     from components.parallel import TagIds
-    from components.training.sft import SFTSettings, build_optimizer, token_nll
+    from components.training.precision import compute_autocast
+    from components.training.sft import token_nll
     from components.training.sft_data import collate, encode_example
 
     arch = TinyArchitecture()  # the tiny profile's calibrated architecture
@@ -79,26 +83,43 @@ def step_time_ratio(repeats: int, batch: int) -> dict[str, float]:
             [{"role": "user", "content": rec["problem"]}], tokenize=False, add_generation_prompt=True
         )
         examples.append(encode_example(tokenizer, prompt, synthetic.render_solution(rec, "parallel", rng)))
-    settings = SFTSettings(mode="parallel", total_steps=1, batch_size=batch, lr=1e-4)
-    optimizer = build_optimizer(model, settings)
+    losses: dict[tuple[str, str | None], float] = {}
 
-    def one_step(mode: str) -> float:
+    def one_step(mode: str, autocast: str | None = None) -> float:
         t0 = time.perf_counter()
         b = collate(examples, mode, tokenizer.pad_token_id, tags if mode == "parallel" else None)
-        nll, n = token_nll(model, b)
+        with compute_autocast(autocast, "cpu"):
+            nll, n = token_nll(model, b)
         (nll / n).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        losses[mode, autocast] = float(nll.detach()) / n
+        # no optimizer step: every timed step then sees the same weights, so the losses compare
+        model.zero_grad(set_to_none=True)
         return time.perf_counter() - t0
 
-    one_step("parallel"), one_step("sequential")  # warm-up
-    times: dict[str, list[float]] = {"parallel": [], "sequential": []}
-    for _ in range(repeats):  # interleaved so machine load hits both modes alike
-        for mode in ("parallel", "sequential"):
-            times[mode].append(one_step(mode))
-    par, seq = statistics.median(times["parallel"]), statistics.median(times["sequential"])
+    variants = [(m, a) for m in ("parallel", "sequential") for a in (None, "bfloat16")]
+    for v in variants:  # warm-up
+        one_step(*v)
+    times: dict[tuple[str, str | None], list[float]] = {v: [] for v in variants}
+    for _ in range(repeats):  # interleaved so machine load hits every variant alike
+        for v in variants:
+            times[v].append(one_step(*v))
+    med = {v: statistics.median(t) for v, t in times.items()}
+    par, seq = med["parallel", None], med["sequential", None]
     tokens = sum(len(e.input_ids) for e in examples)
-    return {"tokens_per_step": tokens, "parallel_s": par, "causal_s": seq, "ratio": par / seq}
+    return {
+        "tokens_per_step": tokens,
+        "parallel_s": par,
+        "causal_s": seq,
+        "ratio": par / seq,
+        **{
+            f"{mode}_bf16_speedup": med[mode, None] / med[mode, "bfloat16"]
+            for mode in ("parallel", "sequential")
+        },
+        **{
+            f"{mode}_bf16_loss_rel_diff": abs(losses[mode, "bfloat16"] / losses[mode, None] - 1)
+            for mode in ("parallel", "sequential")
+        },
+    }
 
 
 def mask_memory(length: int, form: str) -> dict[str, float]:
@@ -127,6 +148,12 @@ def main() -> None:
         f"  parallel {r['parallel_s'] * 1e3:.1f} ms   causal {r['causal_s'] * 1e3:.1f} ms   "
         f"ratio {r['ratio']:.3f}x (target <= 1.25x)"
     )
+    print("  bf16 autocast over fp32 weights (run.autocast) vs fp32, step time ratio and loss difference:")
+    for mode in ("parallel", "sequential"):
+        print(
+            f"  {mode:<10} {r[f'{mode}_bf16_speedup']:.2f}x faster   "
+            f"loss relative difference {r[f'{mode}_bf16_loss_rel_diff']:.1e}"
+        )
     print(
         "Memory of one trace's attention inputs, MiB: resident growth while held (tensor bytes), fresh process:"
     )

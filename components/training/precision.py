@@ -165,8 +165,8 @@ def compute_autocast(dtype: str | None, device: torch.device | str) -> contextli
 
     The weights, their gradients and the AdamW state keep the model's dtype; matmuls and attention run in
     ``dtype``. Why: on CPU cores with AVX512-BF16 a bf16 matmul of the tiny model's shapes ran 2.8x faster
-    than fp32 (a whole warmup step 1.33x: attention backward gains nothing), and the loss of the step
-    agreed to 1e-4 (benchmarks/bench_sft.py).
+    than fp32, a whole SFT step 1.37x (parallel mask) / 1.53x (causal; the attention backward gains
+    least), with the step's loss within 2e-5 relative (benchmarks/bench_sft.py, one thread).
     """
     if dtype is None:
         return contextlib.nullcontext()

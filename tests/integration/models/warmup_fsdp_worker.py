@@ -25,6 +25,8 @@ def main() -> None:
         f"{stage}.batch_size=4",
         f"{stage}.lr=1e-3",
         "tracking.mode=disabled",
+        # fp32 compute: the test compares the 2-rank model with the 1-rank one to 1e-5, below bf16 rounding
+        "run.autocast=null",
     ]
     cfg = load_config(profile="tiny", overrides=overrides)
     io = StageIO(

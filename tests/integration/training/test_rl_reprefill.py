@@ -27,6 +27,8 @@ def test_a_reprefill_papo_step_reports_exact_branches_and_corrects_post_merge_to
             "papo_rl.group_size=4",
             "papo_rl.max_new_tokens=160",
             "papo_rl.eval_before_train=false",
+            # fp32 compute: the pre-merge tokens' trainer log-probs are checked against the fp32 engine's
+            "run.autocast=null",
         ],
     )
     cfg.tracking.mode = "disabled"
