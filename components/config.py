@@ -85,11 +85,11 @@ class RunConfig(StrictModel):
     seed: int = Field(0, ge=0)
     device: Literal["cpu", "cuda", "auto"] = "cpu"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    # Compute precision of the local trainers' forward and backward (SFT, RL updates) over float32 weights:
-    # bfloat16 autocast keeps fp32 weights, gradients and AdamW (components.training.precision). On this
-    # machine's AVX512-BF16 cores it ran an SFT step 1.37x (parallel) / 1.53x (causal) faster at one
-    # thread, the loss within 2e-5 (benchmarks/bench_sft.py);
-    # generation (the engine) stays in the model's dtype. null = the weights' own dtype throughout.
+    # Compute precision of the local trainers' forward and backward (SFT, RL updates; verl has its own) over
+    # float32 weights: bfloat16 autocast keeps fp32 weights, gradients and AdamW
+    # (components.training.precision). On this machine's AVX512-BF16 cores it ran an SFT step 1.37x
+    # (parallel) / 1.53x (causal) faster at one thread, the loss within 2e-5 (benchmarks/bench_sft.py).
+    # Generation (the engine) stays in the model's dtype. null = the weights' own dtype throughout.
     autocast: Literal["bfloat16"] | None = None
     torch_threads: int = Field(2, ge=1, le=256)
     artifacts_dir: str = "artifacts"
