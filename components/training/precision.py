@@ -164,9 +164,9 @@ def compute_autocast(dtype: str | None, device: torch.device | str) -> contextli
     """``torch.autocast`` to ``dtype`` on ``device``'s type around a trainer's forward, or a no-op (None).
 
     The weights, their gradients and the AdamW state keep the model's dtype; matmuls and attention run in
-    ``dtype``. Why: on CPU cores with AVX512-BF16 a bf16 matmul of the tiny model's shapes ran 2.8x faster
-    than fp32, a whole SFT step 1.37x (parallel mask) / 1.53x (causal; the attention backward gains
-    least), with the step's loss within 2e-5 relative (benchmarks/bench_sft.py, one thread).
+    ``dtype``. Why: on CPU cores with AVX512-BF16 an SFT step of the tiny model ran 1.37x (parallel mask) /
+    1.53x (causal) faster than fp32, with the step's loss within 2e-5 relative (benchmarks/bench_sft.py,
+    one thread).
     """
     if dtype is None:
         return contextlib.nullcontext()
