@@ -244,7 +244,7 @@ def cross_field_problems(cfg: PipelineConfig) -> list[str]:
         if sc.engine_mode == "parallel" and not sc.structural_filter:
             problems.append(f"{stage}.engine_mode 'parallel' needs {stage}.structural_filter: true")
     # verl's own rules (GPU counts, batch splits, tensor parallelism) are checked by running verl's
-    # validation on the job (components.training.verl_launch.validate_job), not re-implemented here
+    # validation on the job (components.training.verl.launch.validate_job), not re-implemented here
     return problems
 
 

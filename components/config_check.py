@@ -14,7 +14,7 @@ applies); ``check_profile`` runs them all. What is checked:
 - **Ray**: a verl stage that attaches to a cluster, or spans nodes, names a filesystem every node mounts
   (``verl.shared_dir``); its GPUs split into whole rollout tensor-parallel groups.
 
-- **verl validation**: each verl RL stage's job as verl itself checks it (``verl_launch.validate_job``).
+- **verl validation**: each verl RL stage's job as verl itself checks it (``verl.launch.validate_job``).
 """
 
 from __future__ import annotations
@@ -227,10 +227,10 @@ def check_ray(cfg: Any) -> list[Check]:
 
 
 def check_verl(cfg: Any) -> list[Check]:
-    """verl's own validation of each verl RL stage's job (``verl_launch.validate_job``: verl's
+    """verl's own validation of each verl RL stage's job (``verl.launch.validate_job``: verl's
     ``validate_config`` as ``main_ppo`` calls it, and every plugin the job names resolved)."""
     from components.config import ConfigError
-    from components.training.verl_launch import validate_job
+    from components.training.verl.launch import validate_job
 
     rows = []
     for stage in RL_STAGES:

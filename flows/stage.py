@@ -264,7 +264,7 @@ def submit_to_ray_cluster(
 ) -> None:
     """Submit the stage to its Ray cluster as infra/ray/job.yaml describes and wait for it."""
     from components.ops.launch import RAY_JOB_SPEC, load_spec
-    from components.training.ray_cluster import submit_stage_job
+    from components.training.verl.ray_cluster import submit_stage_job
 
     address = getattr(cfg, stage).verl.ray_address
     work = Path(cfg.run.artifacts_dir) / stage / "work"

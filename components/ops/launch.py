@@ -1,6 +1,6 @@
 """Command lines for the GPU side, rendered from the specs in infra/ (so the specs are the one definition).
 
-(infra/ray/job.yaml is rendered by ``components.training.ray_cluster.submit_stage_job``.)
+(infra/ray/job.yaml is rendered by ``components.training.verl.ray_cluster.submit_stage_job``.)
 
 - ``sglang_server_command(spec)``: infra/sglang/server.yaml -> ``python -m sglang.launch_server ...``
   (``components.ops.sglang_server`` starts it for a stage's checkpoint, waits for health, stops it); a

@@ -75,7 +75,7 @@ class VerlSettings(StrictModel):
     val_n: int = Field(8, ge=1)
     val_top_p: float = Field(0.7, gt=0, le=1)
     total_epochs: int = Field(1, ge=1)
-    # Where the job runs (components.training.ray_cluster). None: the stage starts a Ray head on its own
+    # Where the job runs (components.training.verl.ray_cluster). None: the stage starts a Ray head on its own
     # node (one node; the stage's job holds that node's GPUs) and stops it afterwards. An address
     # (http://<head>:8265): the stage is submitted as a Ray job to that running cluster, which reproduces
     # it and pushes its outputs; the workers then read their inputs from `shared_dir`.

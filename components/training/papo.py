@@ -21,7 +21,7 @@ importance weight ``min(exp(sg(logπ) - logπ_rollout), C)`` (TIS, ``rollout_is_
 were sampled exactly and keep weight 1. Their log-prob mismatch is reported separately (it should be ~0).
 
 On verl GPU runs the module is imported in every Ray worker through ``VERL_USE_EXTERNAL_MODULES`` and
-``actor_rollout_ref.model.external_lib`` (see ``components.training.verl_launch``). The local trainer
+``actor_rollout_ref.model.external_lib`` (see ``components.training.verl.launch``). The local trainer
 (``components.training.rl``) calls the same registered functions.
 """
 

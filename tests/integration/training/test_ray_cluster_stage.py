@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from components.config import load_config
-from components.training import ray_cluster
+from components.training.verl import ray_cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[3]

@@ -27,13 +27,13 @@ from components.parallel import TagIds
 from components.prompts import chat_messages
 from components.training.papo import post_merge_mask
 from components.training.rl_batch import Rollout, build_policy_batch, response_log_probs
-from components.training.verl_launch import (
+from components.training.verl.launch import (
     VerlRunInputs,
     build_overrides,
     compose_verl_config,
     reward_settings,
 )
-from components.training.verl_plugins.agent_loop import NPRParallelAgentLoop, registered_agent_loop
+from components.training.verl.plugins.agent_loop import NPRParallelAgentLoop, registered_agent_loop
 
 INPUTS = VerlRunInputs("/models/npr-beta", "/data/train.parquet", "/data/val.parquet", "/runs/papo")
 

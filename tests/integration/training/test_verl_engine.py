@@ -34,7 +34,7 @@ from components.prompts import render_prompt
 from components.training.papo import post_merge_mask
 from components.training.rl_batch import Rollout, build_policy_batch, response_log_probs
 from components.training.rl_objective import compute_policy_loss
-from components.training.verl_plugins.engine import NPRParallelEngine
+from components.training.verl.plugins.engine import NPRParallelEngine
 
 
 @pytest.fixture(scope="module")

@@ -17,13 +17,13 @@ from components.config import load_config
 from components.data.synthetic import expression_of, generate_problems, render_parallel
 from components.models.tiny import tiny_test_world
 from components.prompts import render_prompt
-from components.training.verl_launch import (
+from components.training.verl.launch import (
     VerlRunInputs,
     build_overrides,
     compose_verl_config,
     reward_settings,
 )
-from components.training.verl_plugins.reward import TagKeepingRewardManager
+from components.training.verl.plugins.reward import TagKeepingRewardManager
 
 INPUTS = VerlRunInputs("/models/m", "/data/train.parquet", "/data/val.parquet", "/runs/x")
 
@@ -109,7 +109,7 @@ def test_stage1_sees_the_format_of_sequential_stages(tokenizer, in_repo: Path):
 
 
 def test_decoder_keeps_tags_and_drops_only_the_end_of_turn(tokenizer):
-    from components.training.verl_plugins.reward import TagKeepingDecoder
+    from components.training.verl.plugins.reward import TagKeepingDecoder
 
     dec = TagKeepingDecoder(tokenizer)
     ids = tokenizer.encode("<step>1: x</step>", add_special_tokens=False)

@@ -126,7 +126,7 @@ def test_grade_jsonl_isolates_a_non_utf8_line(tmp_path: Path, monkeypatch: pytes
 def test_the_verl_launch_dry_run_writes_nothing(checkout: Path, capsys) -> None:
     from components.artifacts import write_shards
     from components.data.synthetic import generate_problems
-    from components.training.verl_launch import main
+    from components.training.verl.launch import main
 
     problems = checkout / "artifacts" / "sample_orz" / "problems"
     write_shards(problems, [dict(p, split="train") for p in generate_problems(4, seed=1)], 1, stem="train")

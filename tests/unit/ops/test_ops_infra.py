@@ -186,7 +186,7 @@ def test_ray_job_submission_of_a_stage(tmp_path, monkeypatch) -> None:
     plus the W&B/S3/NPR settings in a 0600 runtime-env file (never on the command line), removed after."""
     import subprocess
 
-    from components.training import ray_cluster
+    from components.training.verl import ray_cluster
 
     seen = {}
 

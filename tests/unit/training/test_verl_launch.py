@@ -15,7 +15,7 @@ from verl.trainer.config import AlgoConfig
 from verl.utils.config import omega_conf_to_dataclass
 
 from components.config import ConfigError, load_config
-from components.training.verl_launch import (
+from components.training.verl.launch import (
     PLUGIN_MODULE,
     VerlRunInputs,
     build_overrides,
@@ -24,7 +24,7 @@ from components.training.verl_launch import (
     validate_job,
     write_launch_files,
 )
-from components.training.verl_launch import main as verl_launch_main
+from components.training.verl.launch import main as verl_launch_main
 
 INPUTS = VerlRunInputs("/models/seed", "/data/train.parquet", "/data/val.parquet", "/runs/x")
 STAGES = ["npr_zero", "papo_rl", "sr_rl", "pr1_rl"]
@@ -148,7 +148,7 @@ def test_rows_carry_the_stage_reward_to_compute_score(tmp_path):
 
     from components.config import load_config
     from components.grading.verl_reward import compute_score
-    from components.training.verl_launch import reward_settings, write_verl_parquet
+    from components.training.verl.launch import reward_settings, write_verl_parquet
 
     cfg = load_config(profile="tiny")
     problems = [{"id": "p1", "problem": "Compute (1 + 2) + (3 + 4).", "answer": "10", "source": "synthetic"}]
@@ -231,15 +231,15 @@ def test_a_job_verl_rejects_raises_config_error_naming_our_setting():
 
 @pytest.mark.parametrize("profile_args", [[], ["--profile", "qwen3-4b"]], ids=["params.yaml", "qwen3-4b"])
 def test_dry_run_shows_a_native_parallel_papo_job(capsys, in_repo, profile_args):
-    """`python -m components.training.verl_launch papo_rl --dry-run` (params.yaml, or a profile)."""
+    """`python -m components.training.verl.launch papo_rl --dry-run` (params.yaml, or a profile)."""
     assert verl_launch_main(["papo_rl", "--dry-run", *profile_args]) == 0
     out = capsys.readouterr().out
     assert "verl accepts the job" in out
     for line in (
         "#   native_parallel: true",
         '#   agent_loop: "npr_parallel"',
-        '#   engine_class: "components.training.verl_plugins.engine.NPRParallelEngine"',
-        '#   reward_manager_class: "components.training.verl_plugins.reward.TagKeepingRewardManager"',
+        '#   engine_class: "components.training.verl.plugins.engine.NPRParallelEngine"',
+        '#   reward_manager_class: "components.training.verl.plugins.reward.TagKeepingRewardManager"',
         "#   remove_padding: false",
         "#   post_merge_is_threshold: 2.0",
     ):
@@ -267,7 +267,7 @@ def test_papo_stage_on_qwen3_4b_prepares_a_validated_native_parallel_job(tmp_pat
     with a held-out validation set of the stage's eval_n problems."""
     import pandas as pd
 
-    from components.training.verl_launch import prepare_launch
+    from components.training.verl.launch import prepare_launch
 
     cfg = load_config(profile="qwen3-4b")
     problems = _problems_dir(tmp_path, n_train=8, n_test=40)
@@ -293,7 +293,7 @@ def test_the_validation_set_is_the_val_split_when_sample_orz_wrote_one(tmp_path,
 
     from components.artifacts import write_shards
     from components.data.synthetic import generate_problems
-    from components.training.verl_launch import prepare_launch
+    from components.training.verl.launch import prepare_launch
 
     cfg = load_config(profile="qwen3-4b")
     problems = _problems_dir(tmp_path, n_train=8, n_test=40)
@@ -305,7 +305,7 @@ def test_the_validation_set_is_the_val_split_when_sample_orz_wrote_one(tmp_path,
 
 
 def test_a_profile_without_held_out_problems_fails_before_any_file_is_written(tmp_path, in_repo):
-    from components.training.verl_launch import prepare_launch
+    from components.training.verl.launch import prepare_launch
 
     cfg = load_config(profile="qwen3-4b")
     problems = _problems_dir(tmp_path, n_train=8, n_test=0)

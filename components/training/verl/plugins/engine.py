@@ -45,7 +45,7 @@ from components.structure import (
     to_additive_mask,
 )
 from components.training.papo import post_merge_is_weights, post_merge_mask
-from components.training.verl_plugins.names import DEFAULT_SCHEMA, ENGINE_DEVICES, ENGINE_VENDOR, SCHEMA_ENV
+from components.training.verl.plugins.names import DEFAULT_SCHEMA, ENGINE_DEVICES, ENGINE_VENDOR, SCHEMA_ENV
 
 _SOURCES_KEY = "npr_prediction_sources"
 _LENGTHS_KEY = "npr_sequence_lengths"

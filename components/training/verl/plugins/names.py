@@ -7,7 +7,7 @@ from __future__ import annotations
 
 # The module verl imports in every process (VERL_USE_EXTERNAL_MODULES, model.external_lib): the package
 # itself, whose import registers every plugin below.
-PLUGIN_PACKAGE = "components.training.verl_plugins"
+PLUGIN_PACKAGE = "components.training.verl.plugins"
 
 # EngineRegistry key of the NPR actor: EngineRegistry.get_engine_cls picks it when VERL_ENGINE_VENDOR is set
 # to this value (the device part of the key stays the real device, "cuda").

@@ -12,7 +12,7 @@ Decisions (issue 6):
   ``import verl`` itself; set in the Ray job's runtime env) and, redundantly, through
   ``actor_rollout_ref.model.external_lib`` (imported when the workers build their model config). Its import
   registers the ``papo`` loss and advantage, the NPR actor engine, the tag-keeping reward manager and the
-  ``npr_parallel`` agent loop (``components.training.verl_plugins``); nothing in verl is edited.
+  ``npr_parallel`` agent loop (``components.training.verl.plugins``); nothing in verl is edited.
 - **Native-parallel PAPO (issue 14):** ``papo_rl`` rolls out with the ``npr_parallel`` agent loop (fork at
   ``</guideline>``, merge at ``<takeaway>``, structural filter, Stage-3 reward set by the loop), trains with
   the NPR actor (``VERL_ENGINE_VENDOR=npr``: canonical parallel mask, positions and prediction sources;
@@ -45,7 +45,7 @@ from typing import Any
 import yaml
 
 from components.training.rl_objective import verl_names
-from components.training.verl_plugins.names import (
+from components.training.verl.plugins.names import (
     AGENT_LOOP,
     ENGINE_VENDOR,
     ENGINE_VENDOR_ENV,
@@ -61,7 +61,7 @@ VERL_ENTRY_MODULE = "verl.trainer.main_ppo"
 RL_STAGES = ("npr_zero", "papo_rl", "sr_rl", "pr1_rl")
 # attention implementations that honour the NPR actor's 4D mask (eager gets its additive form)
 PARALLEL_ATTENTION = ("sdpa", "flex_attention", "eager")
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 @dataclass(frozen=True)
@@ -255,7 +255,7 @@ def runtime_env(stage_cfg: Any, schema: str = "npr") -> dict[str, Any]:
 def ray_job_command(stage_cfg: Any, overrides: list[str], job_id: str, schema: str = "npr") -> list[str]:
     """``ray job submit`` argv running ``python -m verl.trainer.main_ppo <overrides>`` on the cluster; with
     ``verl.ray_address: null`` the driver as the stage runs it against the Ray head it starts itself
-    (``components.training.ray_cluster``), shown with that head's placeholder address."""
+    (``components.training.verl.ray_cluster``), shown with that head's placeholder address."""
     if not stage_cfg.verl.ray_address:
         env = [f"{k}={v}" for k, v in sorted(plugin_env_vars(stage_cfg, schema).items())]
         return [
@@ -606,10 +606,10 @@ def validate_job(stage: str, cfg: Any) -> VerlJobCheck:
     from verl.utils.device import auto_set_device
     from verl.workers.engine.base import EngineRegistry
 
-    import components.training.verl_plugins  # noqa: F401  (registers the plugins, as VERL_USE_EXTERNAL_MODULES does)
-    from components.training.verl_plugins.agent_loop import registered_agent_loop
-    from components.training.verl_plugins.engine import NPRParallelEngine
-    from components.training.verl_plugins.reward import TagKeepingRewardManager
+    import components.training.verl.plugins  # noqa: F401  (registers the plugins, as VERL_USE_EXTERNAL_MODULES does)
+    from components.training.verl.plugins.agent_loop import registered_agent_loop
+    from components.training.verl.plugins.engine import NPRParallelEngine
+    from components.training.verl.plugins.reward import TagKeepingRewardManager
 
     config = compose_verl_config(overrides)
     auto_set_device(config)
@@ -705,7 +705,7 @@ def validate_job(stage: str, cfg: Any) -> VerlJobCheck:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m components.training.verl_launch STAGE [--dry-run] [--profile P]``: validate the verl
+    """``python -m components.training.verl.launch STAGE [--dry-run] [--profile P]``: validate the verl
     job of an RL stage, print its settings and command, and (without ``--dry-run``) write its inputs and
     submit it."""
     import argparse

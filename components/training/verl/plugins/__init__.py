@@ -1,7 +1,7 @@
 """npr-pipeline's verl plugins: importing this package registers them in verl's own registries.
 
 verl imports the package in every process of a job (``VERL_USE_EXTERNAL_MODULES``, set by
-``components.training.verl_launch`` in the Ray runtime env, and ``actor_rollout_ref.model.external_lib``):
+``components.training.verl.launch`` in the Ray runtime env, and ``actor_rollout_ref.model.external_lib``):
 
 | plugin | registry (key) | selected by |
 |---|---|---|
@@ -10,12 +10,12 @@ verl imports the package in every process of a job (``VERL_USE_EXTERNAL_MODULES`
 | ``reward.TagKeepingRewardManager``: DAPO's manager decoding with tags kept | reward managers (``npr``) | ``reward.reward_manager.name`` |
 | ``agent_loop.NPRParallelAgentLoop``: native fork/merge rollouts, structural filter, Stage-3 reward | agent loops (``npr_parallel``) | ``rollout.agent.default_agent_loop`` |
 
-No verl file is edited; ``components.training.verl_launch.validate_job`` checks that a job selects them.
+No verl file is edited; ``components.training.verl.launch.validate_job`` checks that a job selects them.
 """
 
 from components.training import papo  # noqa: F401  (registers the papo loss and advantage)
-from components.training.verl_plugins import agent_loop, engine, reward  # noqa: F401  (register on import)
-from components.training.verl_plugins.names import (
+from components.training.verl.plugins import agent_loop, engine, reward  # noqa: F401  (register on import)
+from components.training.verl.plugins.names import (
     AGENT_LOOP,
     ENGINE_VENDOR,
     ENGINE_VENDOR_ENV,

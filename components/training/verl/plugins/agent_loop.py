@@ -57,7 +57,7 @@ from components.engine import DecodePolicy, GenerationConfig, SamplingSettings, 
 from components.structure import TagIds
 from components.training.dapo import overlong_penalty
 from components.training.rl_batch import Rollout, structural_rejection
-from components.training.verl_plugins.names import AGENT_LOOP, DEFAULT_SCHEMA, SCHEMA_ENV
+from components.training.verl.plugins.names import AGENT_LOOP, DEFAULT_SCHEMA, SCHEMA_ENV
 
 logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "WARN"))
