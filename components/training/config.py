@@ -51,9 +51,15 @@ class VerlSettings(StrictModel):
     """Cluster-side settings of a verl run (`backend: verl`); the algorithm comes from the stage fields."""
 
     entry: Literal["main_ppo"] = "main_ppo"  # verl 0.9.1's own trainer (DAPO filter_groups included)
+    # The device verl trains on: cuda, or cpu through the project's CPU platform plugin (gloo process
+    # groups, a logical device slot per rank; components.training.verl.plugins.cpu_platform).
+    device: Literal["cuda", "cpu"] = "cuda"
     nnodes: int = Field(1, ge=1)
+    # Training ranks per node (GPUs; on cpu, processes each holding one logical device slot).
     n_gpus_per_node: int = Field(8, ge=1)
-    rollout_name: Literal["sglang", "vllm"] = "sglang"
+    # sglang / vllm: an inference server; torch: the project's torch token server inside the job
+    # (components.training.verl.plugins.torch_rollout; hybrid mode, made for device: cpu).
+    rollout_name: Literal["sglang", "vllm", "torch"] = "sglang"
     rollout_tp: int = Field(1, ge=1)
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
     max_prompt_length: int = Field(2048, ge=16)
@@ -72,6 +78,17 @@ class VerlSettings(StrictModel):
     # verl's packed (remove-padding) forward; None = the actor's choice: on for the stock actor (DAPO
     # stages), off for PAPO's NPR actor, whose 4D parallel mask verl would drop when packing.
     use_remove_padding: bool | None = None
+    # TransferQueue's storage units (verl's default 8 is for clusters; each is a Ray actor, and on a
+    # machine with few CPUs eight of them stalled the job).
+    storage_units: int = Field(8, ge=1)
+    # Helper processes of the job (verl's defaults, 8 each, are for GPU nodes with many cores): agent-loop
+    # workers (rollout.agent.num_workers), reward-loop workers (reward.num_workers), dataloader workers
+    # (data.dataloader_num_workers; 0 = in the trainer's process).
+    agent_loop_workers: int = Field(8, ge=1)
+    reward_workers: int = Field(8, ge=1)
+    dataloader_workers: int = Field(8, ge=0)
+    # Checkpoints verl keeps (trainer.max_actor_ckpt_to_keep; verl's default keeps every one).
+    keep_checkpoints: int = Field(2, ge=1)
     val_n: int = Field(8, ge=1)
     val_top_p: float = Field(0.7, gt=0, le=1)
     total_epochs: int = Field(1, ge=1)

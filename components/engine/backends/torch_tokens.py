@@ -48,6 +48,25 @@ class TokenAnswer:
     extra_fields: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class _Request:
+    """One request's settings, read from its SGLang ``sampling_params``."""
+
+    prompt_ids: list[int]
+    max_new: int
+    temperature: float
+    top_p: float
+    top_k: int
+    penalty: float
+    stops: frozenset[int]
+    seed: int | None
+
+    @property
+    def sampler(self) -> tuple[float, int, float]:
+        """The settings rows must share to be filtered and sampled together."""
+        return (self.temperature, self.top_k, self.top_p)
+
+
 def _seeded_generator(seed: int, position: int, device: torch.device) -> torch.Generator:
     return torch.Generator(device=device).manual_seed((seed * 1_000_003 + position) % (2**63 - 1))
 
@@ -62,14 +81,42 @@ class TorchTokenGenerator:
         random_seed: int = 0,
         deterministic: bool = False,
         return_original_logprob: bool = False,
+        seed_requests: bool = False,
     ) -> None:
         self.model = model
         self.eos_ids = list(eos_ids)
         self.deterministic = deterministic
+        # A request that carries a sampling_seed is drawn from it even outside deterministic mode (verl's
+        # torch rollout: the npr_parallel agent loop seeds every extension; SGLang would ignore the seed).
+        self.seed_requests = seed_requests
         self.return_original_logprob = return_original_logprob
         self.device = next(model.parameters()).device
         self.generator = torch.Generator(device=self.device).manual_seed(random_seed)
         self._lock = threading.Lock()  # one request at a time on the model
+
+    def _request(self, prompt_ids: list[int], sampling_params: dict[str, Any]) -> _Request:
+        """A request's settings from SGLang ``sampling_params`` names (unknown keys are ignored, as SGLang's
+        defaults would leave them)."""
+        sp = sampling_params
+
+        def value(key: str, default: Any) -> Any:
+            return sp.get(key) if sp.get(key) is not None else default
+
+        stops = {int(t) for t in (sp.get("stop_token_ids") or [])}
+        if not sp.get("ignore_eos", False):
+            stops |= set(self.eos_ids)
+        if not prompt_ids:
+            raise ValueError("the request has no input tokens")
+        return _Request(
+            prompt_ids=[int(t) for t in prompt_ids],
+            max_new=int(value("max_new_tokens", 128)),
+            temperature=float(value("temperature", 1.0)),
+            top_p=float(value("top_p", 1.0)),
+            top_k=int(value("top_k", -1)),
+            penalty=float(sp.get("repetition_penalty", 1.0) or 1.0),
+            stops=frozenset(stops),
+            seed=sp.get("sampling_seed"),
+        )
 
     @torch.no_grad()
     def generate(
@@ -77,19 +124,10 @@ class TorchTokenGenerator:
     ) -> TokenAnswer:
         """Answer one request (SGLang ``sampling_params`` names; unknown keys are ignored as SGLang's
         defaults would leave them)."""
-        sp = sampling_params
-        max_new = int(sp.get("max_new_tokens", 128) if sp.get("max_new_tokens") is not None else 128)
-        temperature = float(sp.get("temperature", 1.0) if sp.get("temperature") is not None else 1.0)
-        top_p = float(sp.get("top_p", 1.0) if sp.get("top_p") is not None else 1.0)
-        top_k = int(sp.get("top_k", -1) if sp.get("top_k") is not None else -1)
-        penalty = float(sp.get("repetition_penalty", 1.0) or 1.0)
-        stops = {int(t) for t in (sp.get("stop_token_ids") or [])}
-        if not sp.get("ignore_eos", False):
-            stops |= set(self.eos_ids)
-        seed = sp.get("sampling_seed")
+        req = self._request(prompt_ids, sampling_params)
+        max_new, temperature, top_p, top_k = req.max_new, req.temperature, req.top_p, req.top_k
+        penalty, stops, seed = req.penalty, req.stops, req.seed
         greedy = temperature < 1e-6
-        if not prompt_ids:
-            raise ValueError("the request has no input tokens")
         with self._lock:
             cache = growing_cache(self.model, len(prompt_ids) + min(max_new, 64) + 1)
             ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
@@ -117,9 +155,8 @@ class TorchTokenGenerator:
                 else:
                     probs = torch.softmax(filter_logits(scores, temperature, top_k, top_p), dim=-1)
                     gen = _seeded_generator(int(seed if seed is not None else 42), position, self.device)
-                    tok = int(
-                        torch.multinomial(probs, 1, generator=gen if self.deterministic else self.generator)
-                    )
+                    seeded = self.deterministic or (self.seed_requests and seed is not None)
+                    tok = int(torch.multinomial(probs, 1, generator=gen if seeded else self.generator))
                     if self.return_original_logprob:
                         lp = float(torch.log_softmax(scores, -1)[0, tok])
                     else:
@@ -142,6 +179,151 @@ class TorchTokenGenerator:
         if not math.isfinite(sum(lps)) and lps:
             raise RuntimeError("non-finite log-probabilities from the model")
         return TokenAnswer(tokens, lps, reason, matched, input_lps)
+
+    @torch.no_grad()
+    def generate_many(self, requests: list[tuple[list[int], dict[str, Any]]]) -> list[TokenAnswer]:
+        """Answer several requests as one batch: the answers ``generate`` gives one by one.
+
+        The prompts are left-padded into one prefill (each row attends to its own tokens only, at its own
+        positions ``0..L-1``; a padding slot sees only itself, so no row of the mask is empty), then every
+        unfinished row decodes one token per step and a row leaves the batch (and its cache rows) when it
+        finishes. Rows are filtered and sampled in groups of equal settings. In deterministic mode (and
+        with ``seed_requests``, for requests that carry one) every draw is seeded by the request's
+        ``sampling_seed`` and position, so each answer is token for token the one ``generate`` gives;
+        otherwise draws come from the server-wide generator, as SGLang's.
+        """
+        reqs = [self._request(prompt, params) for prompt, params in requests]
+        if not reqs:
+            return []
+        batch = len(reqs)
+        lengths = [len(r.prompt_ids) for r in reqs]
+        width = max(lengths)
+        pad = self.eos_ids[0] if self.eos_ids else 0
+        ids = torch.full((batch, width), pad, dtype=torch.long)
+        real = torch.zeros((batch, width), dtype=torch.bool)
+        positions = torch.zeros((batch, width), dtype=torch.long)
+        for b, (req, n) in enumerate(zip(reqs, lengths, strict=True)):
+            ids[b, width - n :] = torch.tensor(req.prompt_ids)
+            real[b, width - n :] = True
+            positions[b, width - n :] = torch.arange(n)
+        q = torch.arange(width)
+        causal = q[:, None] >= q[None, :]
+        allowed = causal[None] & (real[:, None, :] | torch.eye(width, dtype=torch.bool)[None])
+        tokens: list[list[int]] = [[] for _ in reqs]
+        lps: list[list[float]] = [[] for _ in reqs]
+        reasons = ["length"] * batch
+        matched: list[int | None] = [None] * batch
+        with self._lock:
+            longest = max(r.max_new for r in reqs)
+            cache = growing_cache(self.model, width + min(longest, 64) + 1)
+            out = self.model(
+                input_ids=ids.to(self.device),
+                attention_mask=self._mask(allowed[:, None]),
+                position_ids=positions.to(self.device),
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            logits = out.logits[:, -1].float()
+            active = list(range(batch))  # cache row -> request
+            key_real = real
+            while active:
+                chosen, chosen_lps = self._choose(
+                    logits,
+                    [reqs[i] for i in active],
+                    [tokens[i] for i in active],
+                    [lengths[i] + len(tokens[i]) for i in active],
+                )
+                still = []
+                for row, i in enumerate(active):
+                    tok = chosen[row]
+                    tokens[i].append(tok)
+                    lps[i].append(chosen_lps[row])
+                    if len(tokens[i]) >= reqs[i].max_new:  # SGLang checks the length first
+                        continue
+                    if tok in reqs[i].stops:
+                        reasons[i], matched[i] = "stop", tok
+                        continue
+                    still.append(row)
+                if not still:
+                    break
+                if len(still) < len(active):
+                    keep = torch.tensor(still, dtype=torch.long)
+                    cache.batch_select_indices(keep.to(self.device))
+                    key_real = key_real[keep]
+                active = [active[row] for row in still]
+                key_real = torch.cat([key_real, torch.ones((len(active), 1), dtype=torch.bool)], dim=1)
+                step = self.model(
+                    input_ids=torch.tensor([[tokens[i][-1]] for i in active], device=self.device),
+                    attention_mask=self._mask(key_real[:, None, None, :]),
+                    position_ids=torch.tensor(
+                        [[lengths[i] + len(tokens[i]) - 1] for i in active], device=self.device
+                    ),
+                    past_key_values=cache,
+                    use_cache=True,
+                )
+                logits = step.logits[:, -1].float()
+        answers = []
+        for i in range(batch):
+            if lps[i] and not math.isfinite(sum(lps[i])):
+                raise RuntimeError("non-finite log-probabilities from the model")
+            answers.append(TokenAnswer(tokens[i], lps[i], reasons[i], matched[i]))
+        return answers
+
+    def _mask(self, allowed: torch.Tensor) -> torch.Tensor:
+        """The bool mask for sdpa; eager adds its mask to the scores, so it gets the additive form
+        (a bool mask there is silently wrong)."""
+        allowed = allowed.to(self.device)
+        if getattr(self.model.config, "_attn_implementation", "sdpa") == "eager":
+            dtype = next(self.model.parameters()).dtype
+            return torch.zeros(allowed.shape, dtype=dtype, device=self.device).masked_fill(
+                ~allowed, torch.finfo(dtype).min
+            )
+        return allowed
+
+    def _choose(
+        self,
+        logits: torch.Tensor,
+        reqs: list[_Request],
+        histories: list[list[int]],
+        sample_positions: list[int],
+    ) -> tuple[list[int], list[float]]:
+        """One token per row of ``logits`` ``(n, vocab)``, with each request's penalty and sampler."""
+        scores = logits
+        penalties = [r.penalty for r in reqs]
+        if any(p != 1.0 and h for p, h in zip(penalties, histories, strict=True)):
+            scores = apply_repetition_penalty(scores, histories, penalties)
+        n = scores.shape[0]
+        chosen = torch.zeros(n, dtype=torch.long, device=scores.device)
+        chosen_lp = torch.zeros(n, dtype=torch.float32, device=scores.device)
+        groups: dict[tuple[float, int, float], list[int]] = {}
+        for row, req in enumerate(reqs):
+            groups.setdefault(req.sampler, []).append(row)
+        for (temperature, top_k, top_p), rows in groups.items():
+            idx = torch.tensor(rows, dtype=torch.long, device=scores.device)
+            group = scores[idx]
+            if temperature < 1e-6:
+                picked = group.argmax(-1)
+                logp = torch.log_softmax(group, -1)
+            else:
+                probs = torch.softmax(filter_logits(group, temperature, top_k, top_p), dim=-1)
+                seeded = [
+                    self.deterministic or (self.seed_requests and reqs[r].seed is not None) for r in rows
+                ]
+                picked = torch.zeros(len(rows), dtype=torch.long, device=scores.device)
+                free = [j for j, s in enumerate(seeded) if not s]
+                if free:  # one draw of the server-wide generator for the unseeded rows, as one batch
+                    picked[free] = torch.multinomial(probs[free], 1, generator=self.generator)[:, 0]
+                for j, r in enumerate(rows):
+                    if seeded[j]:
+                        gen = _seeded_generator(
+                            int(reqs[r].seed if reqs[r].seed is not None else 42), sample_positions[r], self.device
+                        )
+                        picked[j] = torch.multinomial(probs[j : j + 1], 1, generator=gen)[0, 0]
+                logp = torch.log_softmax(group if self.return_original_logprob else group / temperature, -1)
+            chosen[idx] = picked
+            chosen_lp[idx] = logp.gather(-1, picked[:, None])[:, 0]
+        return [int(t) for t in chosen.tolist()], [float(v) for v in chosen_lp.tolist()]
 
     def as_async(self) -> AsyncTorchTokens:
         """An ``async generate(prompt_ids, sampling_params[, tail])`` over this generator."""

@@ -47,8 +47,10 @@ import yaml
 from components.training.rl_objective import verl_names
 from components.training.verl.plugins.names import (
     AGENT_LOOP,
+    CPU_PLATFORM,
     ENGINE_VENDOR,
     ENGINE_VENDOR_ENV,
+    PLATFORM_ENV,
     PLUGIN_PACKAGE,
     REWARD_MANAGER,
     SCHEMA_ENV,
@@ -206,6 +208,12 @@ def build_overrides(
         ("trainer.val_before_train", stage_cfg.eval_before_train),
         ("trainer.resume_mode", "auto"),
         ("trainer.default_local_dir", str(Path(inputs.run_dir) / "checkpoints")),
+        ("trainer.max_actor_ckpt_to_keep", v.keep_checkpoints),
+        ("actor_rollout_ref.rollout.agent.num_workers", v.agent_loop_workers),
+        ("reward.num_workers", v.reward_workers),
+        ("data.dataloader_num_workers", v.dataloader_workers),
+        ("trainer.device", v.device),
+        ("transfer_queue.backend.SimpleStorage.num_data_storage_units", v.storage_units),
     ]
     if native:
         pairs += [
@@ -237,6 +245,8 @@ def plugin_env_vars(stage_cfg: Any, schema: str = "npr") -> dict[str, str]:
     env = {"VERL_USE_EXTERNAL_MODULES": PLUGIN_PACKAGE, SCHEMA_ENV: schema}
     if native_parallel(stage_cfg):
         env[ENGINE_VENDOR_ENV] = ENGINE_VENDOR
+    if stage_cfg.verl.device == "cpu":
+        env[PLATFORM_ENV] = CPU_PLATFORM
     return env
 
 

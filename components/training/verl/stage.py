@@ -74,11 +74,7 @@ def run_verl_stage(
     if inside:
         returncode = ray_cluster.run_driver(argv, "auto", env, log)
     else:
-        with ray_cluster.RayHead.start(
-            v.ray_head_host,
-            num_gpus=v.n_gpus_per_node if _cuda_available() else 0,
-            env=env,
-        ) as head:
+        with ray_cluster.RayHead.start(v.ray_head_host, env=env, **head_resources(v)) as head:
             returncode = ray_cluster.run_driver(argv, head.address, head.env, log)
     if returncode != 0:
         raise RuntimeError(
@@ -101,5 +97,15 @@ def run_verl_stage(
     }
 
 
-def _cuda_available() -> bool:
-    return torch.cuda.is_available()
+# Logical CPUs a head on a CPU node declares: verl's job is ~12 actors (task runner, trainer ranks, rollout
+# server, agent-loop and reward workers, TransferQueue units), most of them idle while one computes, and a
+# Ray actor holds one CPU to be scheduled; the processes themselves run one torch thread each.
+CPU_HEAD_LOGICAL_CPUS = 32
+
+
+def head_resources(v: Any) -> dict[str, int]:
+    """What a head the stage starts declares: the node's GPUs; on the CPU platform, one logical device
+    slot per training rank (plugins.cpu_platform) and enough logical CPUs for verl's actors."""
+    if v.device == "cpu":
+        return {"num_gpus": v.n_gpus_per_node, "num_cpus": CPU_HEAD_LOGICAL_CPUS}
+    return {"num_gpus": v.n_gpus_per_node if torch.cuda.is_available() else 0}

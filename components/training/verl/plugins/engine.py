@@ -221,6 +221,11 @@ class NPRParallelEngine(FSDPEngineWithLMHead):
         return corrected
 
 
+# The stock actor on the CPU platform (plugins.cpu_platform): verl registers it for cuda and npu only; the
+# class is unchanged, only looked up under the ``cpu`` device key too.
+EngineRegistry.register(model_type="language_model", backend=["fsdp", "fsdp2"], device="cpu")(FSDPEngineWithLMHead)
+
+
 def _aggregation_of(key: str) -> AggregationType:
     """How verl reduces a correction metric over micro-batches and data-parallel ranks."""
     if key.endswith(("_max", "_p99")):

@@ -13,7 +13,7 @@ PLUGIN_PACKAGE = "components.training.verl.plugins"
 # to this value (the device part of the key stays the real device, "cuda").
 ENGINE_VENDOR = "npr"
 ENGINE_VENDOR_ENV = "VERL_ENGINE_VENDOR"
-ENGINE_DEVICES = ("cuda", "npu")
+ENGINE_DEVICES = ("cuda", "npu", "cpu")
 
 # verl's reward-manager registry (reward.reward_manager.name): DAPO's manager that decodes with tags kept.
 REWARD_MANAGER = "npr"
@@ -24,3 +24,7 @@ AGENT_LOOP = "npr_parallel"
 # The structure schema the NPR actor and the agent loop parse (set from params.yaml's schema_name).
 SCHEMA_ENV = "NPR_SCHEMA"
 DEFAULT_SCHEMA = "npr"
+
+# The CPU platform (plugins.cpu_platform) and verl's variable that selects a platform by name.
+CPU_PLATFORM = "cpu"
+PLATFORM_ENV = "VERL_PLATFORM"
