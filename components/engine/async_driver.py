@@ -173,6 +173,23 @@ async def drive(
     return ctl
 
 
+class _Routed:
+    """``generate`` with every request of one sample marked ``route=<sample>`` (a backend that routes by
+    sample, ``routes_by_sample``, keeps a sample's requests on one replica: SGLang's ``routed_dp_rank``)."""
+
+    def __init__(self, generate: GenerateFn, route: int) -> None:
+        self.generate, self.route = generate, route
+        self.scores_prompt_tail = bool(getattr(generate, "scores_prompt_tail", False))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.generate(*args, route=self.route, **kwargs)
+
+
+def routed(generate: GenerateFn, route: int) -> GenerateFn:
+    """``generate`` as the driver calls it for sample ``route``."""
+    return _Routed(generate, route) if getattr(generate, "routes_by_sample", False) else generate
+
+
 async def drive_all(
     ctls: Sequence[SequenceController],
     generate: GenerateFn,
@@ -184,12 +201,12 @@ async def drive_all(
     their ``Generation``s in order, each timed from its first request to its last answer."""
     limit = asyncio.Semaphore(max_in_flight)
 
-    async def timed(ctl: SequenceController) -> float:
+    async def timed(i: int, ctl: SequenceController) -> float:
         start = time.perf_counter()
-        await drive(ctl, generate, sampling, limit)
+        await drive(ctl, routed(generate, i), sampling, limit)
         return time.perf_counter() - start
 
-    tasks = [asyncio.ensure_future(timed(c)) for c in ctls]
+    tasks = [asyncio.ensure_future(timed(i, c)) for i, c in enumerate(ctls)]
     try:
         walls = await asyncio.gather(*tasks)
     except BaseException:

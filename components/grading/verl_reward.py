@@ -39,6 +39,7 @@ from typing import Any
 from components.grading.config import REWARD_SECTIONS, GradingConfig
 from components.grading.judge import judge
 from components.grading.rewards import apply_reward, get_reward, is_scheduled
+from components.structure import parse_text, trace_metrics
 
 DEFAULT_REWARD = "stage1"
 DEFAULT_SCHEMA = "npr"
@@ -120,9 +121,14 @@ def compute_score(
         finish_reason=None if finish_reason is None else str(finish_reason),
     )
     result = apply_reward(reward_name, judgement, cfg, _training_step(extra_info, kwargs, reward_name))
+    schema = str(settings.get("schema", DEFAULT_SCHEMA))
     return {
         "score": result.score,
         "acc": float(result.correct),
+        # the local trainer's held-out vocabulary, per response (verl averages each key over its validation
+        # set: val-aux/<source>/<key>/mean@n): correct AND valid, and a parallel trace
+        "correct_and_valid": float(result.correct and result.valid),
+        "parallel": float(trace_metrics(parse_text(solution_str, schema)).is_parallel),
         "pred": result.pred or "",
         "format_score": result.format_score,
         "valid": result.valid,

@@ -37,6 +37,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from components.engine.backends.sglang_client import auth_headers
 from components.ops.launch import LaunchSpecError, load_spec, sglang_server_command
 
 STOP_GRACE_S = 30.0
@@ -94,8 +95,10 @@ def check_context_length(
 
 
 def _get(url: str, timeout_s: float = 5.0) -> tuple[int, bytes]:
+    # the key the server was started with (--api-key): SGLang refuses everything but /health* without it
+    request = urllib.request.Request(url, headers=auth_headers())
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
             return response.status, response.read()
     except urllib.error.HTTPError as err:
         return err.code, err.read()

@@ -87,6 +87,9 @@ class VerlSettings(StrictModel):
     agent_loop_workers: int = Field(8, ge=1)
     reward_workers: int = Field(8, ge=1)
     dataloader_workers: int = Field(8, ge=0)
+    # Structural-filter stages: a step may replace at most this many batches of groups the filter emptied
+    # (components.training.verl.plugins.replay), then it fails naming the filter.
+    max_refill_batches: int = Field(4, ge=1)
     # Checkpoints verl keeps (trainer.max_actor_ckpt_to_keep; verl's default keeps every one).
     keep_checkpoints: int = Field(2, ge=1)
     val_n: int = Field(8, ge=1)

@@ -31,6 +31,12 @@ What it does not do: it recomputes every prompt instead of reusing KV, but repor
 the longest prefix a radix cache would have matched against earlier requests (so tests can see that
 branches share their prefix). Requests are served one at a time.
 
+``--dp-size N``: N data-parallel replicas, each with its own radix cache; a request runs on
+``routed_dp_rank`` when it names one (``GenerateReqInput.routed_dp_rank``), else on the next replica in
+round robin (SGLang's default load balancing), so ``cached_tokens`` shows whether a sample's requests met
+their prefix. ``--api-key KEY``: as SGLang's middleware, every endpoint but ``/health*`` and ``/metrics``
+answers 401 ``{"error": "Unauthorized"}`` without ``Authorization: Bearer KEY``.
+
 Fault injection for tests, by environment variable ``SGLANG_STANDIN_FAULT``: ``http500@N`` (the N-th
 ``/generate`` answers 500), ``abort@N`` (the N-th answers with an abort finish reason), ``exit@N`` (the
 process dies while answering the N-th), ``slowstart@S`` (health is 503 for S more seconds).
@@ -66,8 +72,11 @@ class StandIn:
         self.generator: Any = None
         self.tokenizer: Any = None
         self.context_length: int = args.context_length or 0
-        self.seen: list[list[int]] = []
+        # one radix cache per data-parallel replica: a request reuses only the prefixes of its replica
+        self.seen_by_rank: list[list[list[int]]] = [[] for _ in range(max(1, args.dp_size))]
+        self.next_rank = 0  # SGLang's default DP routing: round robin
         self.n_generate = 0
+        self.unauthorized = 0
         self.lock = threading.Lock()
         fault = os.environ.get("SGLANG_STANDIN_FAULT", "")
         self.fault_kind, _, at = fault.partition("@")
@@ -114,9 +123,20 @@ class StandIn:
     def healthy(self) -> bool:
         return self.ready and time.time() >= self.ready_after
 
-    def cached_prefix(self, ids: list[int]) -> int:
+    def dp_rank(self, routed: Any) -> int:
+        """The replica a request runs on: ``routed_dp_rank`` when given, else round robin (SGLang's
+        ``--load-balance-method round_robin``); a rank outside the replicas is a 400, as SGLang's."""
+        if routed is not None:
+            rank = int(routed)
+            if not 0 <= rank < len(self.seen_by_rank):
+                raise ValueError(f"routed_dp_rank {rank} is out of range [0, {len(self.seen_by_rank)})")
+            return rank
+        rank, self.next_rank = self.next_rank, (self.next_rank + 1) % len(self.seen_by_rank)
+        return rank
+
+    def cached_prefix(self, ids: list[int], rank: int = 0) -> int:
         best = 0
-        for seq in self.seen:
+        for seq in self.seen_by_rank[rank]:
             n = 0
             for a, b in zip(seq, ids, strict=False):
                 if a != b:
@@ -140,7 +160,8 @@ class StandIn:
             start = start[i] if isinstance(start, list) else start
             ret_lp = body.get("return_logprob")
             ret_lp = bool(ret_lp[i] if isinstance(ret_lp, list) else ret_lp)
-            status, item = self._one(ids, dict(sp), rid, ret_lp, -1 if start is None else int(start))
+            rank = self.dp_rank(body.get("routed_dp_rank"))
+            status, item = self._one(ids, dict(sp), rid, ret_lp, -1 if start is None else int(start), rank)
             if status != 200:
                 return status, item
             out.append(item)
@@ -160,7 +181,7 @@ class StandIn:
         ]
 
     def _one(
-        self, ids: list[int], sp: dict[str, Any], rid: str, return_logprob: bool, start: int
+        self, ids: list[int], sp: dict[str, Any], rid: str, return_logprob: bool, start: int, rank: int = 0
     ) -> tuple[int, Any]:
         n_in = len(ids)
         if n_in >= self.context_length:
@@ -187,6 +208,7 @@ class StandIn:
                             "rid": rid,
                             "return_logprob": return_logprob,
                             "logprob_start_len": start,
+                            "dp_rank": rank,
                         }
                     )
                     + "\n"
@@ -199,9 +221,9 @@ class StandIn:
         if armed == "exit":
             os._exit(3)
         tic = time.perf_counter()
-        cached = self.cached_prefix(ids)
+        cached = self.cached_prefix(ids, rank)
         answer = self.generator.generate(ids, sp, start if return_logprob else -1)
-        self.seen.append(ids + answer.token_ids)
+        self.seen_by_rank[rank].append(ids + answer.token_ids)
         if armed == "abort":
             finish: dict[str, Any] = {
                 "type": "abort",
@@ -288,8 +310,21 @@ def make_handler(state: StandIn) -> type[BaseHTTPRequestHandler]:
             self.send_header("Content-Length", "0")
             self.end_headers()
 
+        def _authorized(self, path: str) -> bool:
+            """SGLang's --api-key middleware: every path but /health* and /metrics needs the bearer key."""
+            key = state.args.api_key
+            if not key or path.startswith(("/health", "/metrics")):
+                return True
+            if self.headers.get("Authorization") == f"Bearer {key}":
+                return True
+            state.unauthorized += 1
+            self._send(401, {"error": "Unauthorized"})
+            return False
+
         def do_GET(self) -> None:  # noqa: N802 - http.server naming
             path = self.path.split("?", 1)[0]
+            if not self._authorized(path):
+                return
             if path in ("/health", "/health_generate"):
                 self._empty(200 if state.healthy() else 503)
             elif path in ("/get_model_info", "/model_info"):
@@ -305,6 +340,8 @@ def make_handler(state: StandIn) -> type[BaseHTTPRequestHandler]:
             path = self.path.split("?", 1)[0]
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length) if length else b""
+            if not self._authorized(path):
+                return
             if path == "/flush_cache":
                 self._flush()
                 return
@@ -328,7 +365,8 @@ def make_handler(state: StandIn) -> type[BaseHTTPRequestHandler]:
 
         def _flush(self) -> None:
             with state.lock:
-                state.seen.clear()
+                for seen in state.seen_by_rank:
+                    seen.clear()
             self._send(
                 200,
                 "Cache flushed.\nPlease check backend logs for more details. "

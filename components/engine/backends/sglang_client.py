@@ -41,6 +41,14 @@ from components.engine.generation import Generation
 API_KEY_ENV = "NPR_SGLANG_API_KEY"
 
 
+def auth_headers() -> dict[str, str]:
+    """The headers every request to a server started with ``--api-key`` needs: SGLang answers 401 on every
+    endpoint but ``/health*`` and ``/metrics`` without ``Authorization: Bearer <key>``. One definition for the
+    generate client and the launcher's model and context checks."""
+    api_key = os.environ.get(API_KEY_ENV)
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
 class SGLangError(BackendError):
     """The SGLang server failed a request, could not be reached, or answered something unexpected."""
 
@@ -53,6 +61,7 @@ class SGLangClient:
     """
 
     scores_prompt_tail = True
+    routes_by_sample = True  # takes ``route=<sample index>`` (the async driver passes it)
 
     def __init__(self, base_url: str, timeout_s: float = 600.0) -> None:
         self.base_url = base_url.rstrip("/")
@@ -60,16 +69,20 @@ class SGLangClient:
         self._http: httpx.AsyncClient | None = None
         self._ids = itertools.count()
         self.n_requests = 0
+        self.dp_size = 1
 
     async def __aenter__(self) -> SGLangClient:
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
-        headers = {}
-        api_key = os.environ.get(API_KEY_ENV)
-        if api_key:  # the server requires it (--api-key; infra/sglang/server.yaml)
-            headers["Authorization"] = f"Bearer {api_key}"
         self._http = httpx.AsyncClient(
-            base_url=self.base_url, timeout=self.timeout_s, limits=limits, headers=headers
+            base_url=self.base_url, timeout=self.timeout_s, limits=limits, headers=auth_headers()
         )
+        # data-parallel replicas: every request of one sample goes to one replica (routed_dp_rank), whose
+        # radix cache then holds the prefix its branches and its merge share
+        try:
+            info = await self._http.get("/server_info")
+            self.dp_size = int(info.json().get("dp_size") or 1) if info.status_code == 200 else 1
+        except (httpx.HTTPError, ValueError, json.JSONDecodeError):
+            self.dp_size = 1
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
@@ -78,7 +91,7 @@ class SGLangClient:
             self._http = None
 
     async def __call__(
-        self, prompt_ids: list[int], sampling_params: dict[str, Any], tail: int = 0
+        self, prompt_ids: list[int], sampling_params: dict[str, Any], tail: int = 0, route: int | None = None
     ) -> tuple[list[int], list[float], str, list[float | None] | None]:
         payload: dict[str, Any] = {
             "rid": f"npr-{next(self._ids)}",
@@ -87,6 +100,8 @@ class SGLangClient:
             "return_logprob": True,
             "logprob_start_len": len(prompt_ids) - tail - 1 if tail else -1,
         }
+        if route is not None and self.dp_size > 1:
+            payload["routed_dp_rank"] = route % self.dp_size
         item = await self.post("/generate", payload)
         self.n_requests += 1
         return parse_generate_item(item, tail)

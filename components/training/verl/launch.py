@@ -52,6 +52,8 @@ from components.training.verl.plugins.names import (
     ENGINE_VENDOR_ENV,
     PLATFORM_ENV,
     PLUGIN_PACKAGE,
+    REPLAY_MODULE,
+    REPLAY_SAMPLER,
     REWARD_MANAGER,
     SCHEMA_ENV,
 )
@@ -178,6 +180,9 @@ def build_overrides(
         ("actor_rollout_ref.rollout.temperature", stage_cfg.temperature),
         ("actor_rollout_ref.rollout.top_p", stage_cfg.top_p),
         ("actor_rollout_ref.rollout.top_k", -1),
+        # the stage's seed for rollouts (the agent loop's and the torch server's sampling seeds) and data order
+        ("actor_rollout_ref.rollout.seed", stage_cfg.seed),
+        ("data.seed", stage_cfg.seed),
         ("actor_rollout_ref.rollout.tensor_model_parallel_size", v.rollout_tp),
         ("actor_rollout_ref.rollout.gpu_memory_utilization", v.gpu_memory_utilization),
         ("actor_rollout_ref.rollout.val_kwargs.n", v.val_n),
@@ -198,7 +203,8 @@ def build_overrides(
         # trainer
         ("trainer.project_name", project),
         ("trainer.experiment_name", stage),
-        ("trainer.logger", ["console", "wandb"]),
+        # file: verl's per-step metrics as JSON lines, which the stage reports from (verl.report)
+        ("trainer.logger", ["console", "wandb", "file"]),
         ("trainer.nnodes", v.nnodes),
         ("trainer.n_gpus_per_node", v.n_gpus_per_node),
         ("trainer.total_epochs", v.total_epochs),
@@ -222,6 +228,17 @@ def build_overrides(
             ("actor_rollout_ref.rollout.agent.default_agent_loop", AGENT_LOOP),
             ("actor_rollout_ref.rollout.calculate_log_probs", True),
         ]
+        if stage_cfg.structural_filter:
+            # a group whose every rollout the filter dropped is refilled, within a bound (plugins.replay)
+            pairs += [
+                ("trainer.v1.sampler.sync_refill_failed_groups", True),
+                ("trainer.v1.sampler.custom_sampler.path", f"pkg://{REPLAY_MODULE}"),
+                ("trainer.v1.sampler.custom_sampler.name", REPLAY_SAMPLER),
+                (
+                    "+trainer.v1.sampler.sampler_kwargs.max_emptied_groups",
+                    v.max_refill_batches * stage_cfg.prompts_per_step,
+                ),
+            ]
         if stage_cfg.rollout_correction.post_merge_is:
             pairs += [
                 ("+actor_rollout_ref.actor.policy_loss.rollout_correction.rollout_is", "token"),
@@ -354,6 +371,8 @@ def write_verl_parquet(
     style: str,
     reward: dict[str, Any] | None = None,
     generation: dict[str, Any] | None = None,
+    *,
+    held_out: bool = False,
 ) -> int:
     """Problems as verl's RL dataset: chat ``prompt``, ``data_source``, ``reward_model.ground_truth``.
 
@@ -376,7 +395,8 @@ def write_verl_parquet(
             "ability": "math",
             "reward_model": {"style": "rule", "ground_truth": str(p["answer"])},
             # index: verl's per-prompt index (rollout traces, the agent loop's seed without a uid)
-            "extra_info": {"id": p["id"], "index": i, "split": p.get("split", "train"), **extra},
+            # held_out: verl's validation set (verl does not tell the agent loop which batch it validates)
+            "extra_info": {"id": p["id"], "index": i, "split": p.get("split", "train"), "held_out": held_out, **extra},
         }
         for i, p in enumerate(problems)
     ]
@@ -453,7 +473,7 @@ def prepare_launch(
     engine = cfg.engine_settings_of(stage)
     if write:
         write_verl_parquet(train, run_dir / "train.parquet", cfg.prompts, style, reward, engine)
-        write_verl_parquet(test, run_dir / "val.parquet", cfg.prompts, style, reward, engine)
+        write_verl_parquet(test, run_dir / "val.parquet", cfg.prompts, style, reward, engine, held_out=True)
     inputs = VerlRunInputs(
         model_path=str(Path(model_path).resolve()),
         train_files=str((run_dir / "train.parquet").resolve()),

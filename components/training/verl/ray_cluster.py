@@ -53,6 +53,19 @@ class RayClusterError(RuntimeError):
     """The Ray head did not start, a job failed, or the cluster could not be reached; says which."""
 
 
+def _stop_with_parent() -> None:
+    """In the head's process, before ``ray start`` runs: ask Linux to send it SIGTERM when the process that
+    started it dies. A stage killed with SIGKILL (a timeout, the OOM killer, a test) cannot stop its head,
+    which lives in a process group of its own; without this the head and its workers would outlive it, and
+    the rerun that resumes the stage would start a second head beside them. ``ray start --block`` stops the
+    Ray processes it started when it is terminated."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
@@ -149,7 +162,12 @@ class RayHead:
             argv += ["--num-cpus", str(num_cpus)]
         log = (temp_dir / "head.log").open("ab")
         head.process = subprocess.Popen(
-            argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            argv,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_stop_with_parent,
         )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

@@ -1,16 +1,103 @@
-"""An RL stage through verl's own trainer: launch ``main_ppo`` on Ray, then merge its checkpoint.
+"""An RL stage through verl's own trainer: ``main_ppo`` on Ray, resumed from its checkpoints, merged, reported.
 
-``run_verl_stage`` is what ``components.training.rl.run_rl_stage`` calls for ``<stage>.backend: verl``.
+``run_verl_stage`` is the stage body for ``<stage>.backend: verl`` (``components.training.rl.run_rl_stage``
+calls it):
+
+1. the job's inputs and overrides (``launch.prepare_launch``: verl's own validation first);
+2. ``python -m verl.trainer.main_ppo <overrides>`` against a Ray head this process starts (or, inside a job
+   submitted to a running cluster, against that cluster), as attempt ``k`` of the job: verl's ``file``
+   logger writes to ``verl_logs/attempt-k.jsonl`` and the plugins' rollout records carry ``k``;
+3. verl resumes by itself (``trainer.resume_mode: auto``) from the newest checkpoint under
+   ``checkpoints/``, so a stage killed after a checkpoint continues from it when it is run again (the
+   work dir survives while the stage's code, params and inputs are unchanged: ``components.stages``);
+4. the newest checkpoint merged into the stage's HF output by verl's model merger;
+5. the stage's metrics and per-step log from verl's run (``report``), so a resumed job reports every step
+   of the run, as an uninterrupted one does.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
+
+from components.artifacts import atomic_dir
+from components.training.verl import ray_cluster, report
+from components.training.verl.launch import VERL_ENTRY_MODULE, prepare_launch, runtime_env
+
+CHECKPOINTS = "checkpoints"
+TRACKER_FILE = "latest_checkpointed_iteration.txt"  # verl's record of its newest checkpoint
+STEP_LOG = "metrics.jsonl"  # the local trainer's per-step log name (components.reporting.RL_LOG)
+# Logical CPUs a head on a CPU node declares: verl's job is ~12 actors (task runner, trainer ranks, rollout
+# server, agent-loop and reward workers, TransferQueue units), most of them idle while one computes, and a
+# Ray actor holds one CPU to be scheduled; the processes themselves run one torch thread each.
+CPU_HEAD_LOGICAL_CPUS = 32
+ERROR_TAIL_LINES = 25
+
+
+class VerlJobError(RuntimeError):
+    """verl's job failed; the message carries the end of its driver log."""
+
+
+def head_resources(v: Any) -> dict[str, int]:
+    """What a head the stage starts declares: the node's GPUs; on the CPU platform, one logical device
+    slot per training rank (plugins.cpu_platform) and enough logical CPUs for verl's actors."""
+    if v.device == "cpu":
+        return {"num_gpus": v.n_gpus_per_node, "num_cpus": CPU_HEAD_LOGICAL_CPUS}
+    return {"num_gpus": v.n_gpus_per_node if torch.cuda.is_available() else 0}
+
+
+def latest_checkpoint_step(run_dir: Path) -> int | None:
+    """The step of verl's newest checkpoint in ``run_dir`` (what ``resume_mode: auto`` resumes from)."""
+    tracker = Path(run_dir) / CHECKPOINTS / TRACKER_FILE
+    try:
+        return int(tracker.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def checkpoint_dirs(run_dir: Path) -> list[Path]:
+    """verl's ``global_step_<n>`` checkpoints in ``run_dir``, oldest first."""
+    return sorted(
+        (Path(run_dir) / CHECKPOINTS).glob("global_step_*"), key=lambda p: int(p.name.rsplit("_", 1)[1])
+    )
+
+
+def error_tail(log: Path, lines: int = ERROR_TAIL_LINES) -> str:
+    """The end of a driver log, from its last traceback when it has one (what failed, not Ray's noise)."""
+    try:
+        text = log.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return ""
+    starts = [i for i, line in enumerate(text) if line.startswith("Traceback")]
+    chunk = text[starts[-1] :] if starts else text
+    return "\n".join(chunk[-lines:])
+
+
+def _placement(stage: str, v: Any, init_dir: Path, work_dir: Path) -> tuple[bool, Path, Path]:
+    """(inside a submitted job, run dir, starting model) for the two placements (ray_cluster)."""
+    inside = ray_cluster.inside_submitted_job()
+    if v.ray_address and not inside:
+        raise RuntimeError(
+            f"{stage} attaches to the Ray cluster at {v.ray_address} ({stage}.verl.ray_address): run it "
+            "through the pipeline (npr run / the npr-stage flow), which submits it there as a Ray job and "
+            "restores its outputs from the DVC run-cache; `npr stage` alone cannot"
+        )
+    if not inside:
+        return False, work_dir / "verl", init_dir
+    if not v.shared_dir:
+        raise RuntimeError(f"{stage} runs on a Ray cluster but {stage}.verl.shared_dir is not set")
+    run_dir = Path(v.shared_dir) / "npr" / stage / os.environ.get("NPR_PIPELINE_RUN_ID", "run") / "verl"
+    shared_model = run_dir / "inputs" / "model"
+    if not shared_model.exists():  # every node reads the starting model from the shared filesystem
+        shutil.copytree(init_dir, shared_model)
+    return True, run_dir, shared_model
 
 
 def run_verl_stage(
@@ -22,52 +109,31 @@ def run_verl_stage(
     work_dir: Path,
     train_problems: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """GPU path: run verl's trainer on Ray, then merge its last FSDP checkpoint into the stage's HF output.
-
-    Where it runs (``components.training.verl.ray_cluster``): with ``verl.ray_address: null`` this process starts
-    a Ray head on its node and stops it afterwards (paths are this node's); inside a job submitted to a
-    running cluster (the npr-stage flow's path for ``ray_address``) the driver attaches to that cluster and
-    every path it hands verl is under ``verl.shared_dir``, which all nodes mount.
-    """
-    import shutil
-    import sys
-
-    import yaml
-
-    from components.artifacts import atomic_dir
-    from components.training.verl import ray_cluster
-    from components.training.verl.launch import VERL_ENTRY_MODULE, prepare_launch, runtime_env
-
-    v = getattr(cfg, stage).verl
-    inside = ray_cluster.inside_submitted_job()
-    if v.ray_address and not inside:
-        raise RuntimeError(
-            f"{stage} attaches to the Ray cluster at {v.ray_address} ({stage}.verl.ray_address): run it "
-            "through the pipeline (npr run / the npr-stage flow), which submits it there as a Ray job and "
-            "restores its outputs from the DVC run-cache; `npr stage` alone cannot"
-        )
-    if inside:
-        if not v.shared_dir:
-            raise RuntimeError(f"{stage} runs on a Ray cluster but {stage}.verl.shared_dir is not set")
-        run_dir = Path(v.shared_dir) / "npr" / stage / os.environ.get("NPR_PIPELINE_RUN_ID", "run") / "verl"
-        shared_model = run_dir / "inputs" / "model"
-        if not shared_model.exists():  # every node reads the starting model from the shared filesystem
-            shutil.copytree(init_dir, shared_model)
-        init_dir = shared_model
-    else:
-        run_dir = work_dir / "verl"
-    _, overrides_file = prepare_launch(
-        stage, cfg, init_dir, problems_dir, run_dir, train_problems=train_problems
-    )
+    """Train ``stage`` with verl's ``main_ppo`` and return its metrics (see the module docstring)."""
+    stage_cfg = getattr(cfg, stage)
+    v = stage_cfg.verl
+    inside, run_dir, init_dir = _placement(stage, v, Path(init_dir), Path(work_dir))
+    _, overrides_file = prepare_launch(stage, cfg, init_dir, problems_dir, run_dir, train_problems=train_problems)
     overrides = yaml.safe_load(Path(overrides_file).read_text())["overrides"]
     entry = os.environ.get("NPR_VERL_ENTRY_MODULE", VERL_ENTRY_MODULE)  # a stand-in trainer in tests
     argv = [sys.executable, "-m", entry, *overrides]
+
+    attempt, attempt_log = report.next_attempt(run_dir)
+    attempt_log.parent.mkdir(parents=True, exist_ok=True)
+    resumed_from = latest_checkpoint_step(run_dir)
     env = dict(os.environ)
     env.update(
         {
-            k: v_
-            for k, v_ in runtime_env(getattr(cfg, stage), cfg.schema_of(stage))["env_vars"].items()
+            k: value
+            for k, value in runtime_env(stage_cfg, cfg.schema_of(stage))["env_vars"].items()
             if k not in ray_cluster.NOT_FORWARDED
+        }
+    )
+    env.update(
+        {
+            report.FILE_LOGGER_ENV: str(attempt_log.resolve()),
+            report.LOG_DIR_ENV: str((run_dir / report.ROLLOUT_DIR).resolve()),
+            report.ATTEMPT_ENV: str(attempt),
         }
     )
     log = run_dir / "driver.log"
@@ -77,35 +143,32 @@ def run_verl_stage(
         with ray_cluster.RayHead.start(v.ray_head_host, env=env, **head_resources(v)) as head:
             returncode = ray_cluster.run_driver(argv, head.address, head.env, log)
     if returncode != 0:
-        raise RuntimeError(
-            f"verl job for {stage} failed with exit code {returncode}: {log} ({overrides_file})"
+        raise VerlJobError(
+            f"verl job for {stage} failed with exit code {returncode} (attempt {attempt}); driver log {log}, "
+            f"overrides {overrides_file}:\n{error_tail(log)}"
         )
-    steps = sorted(
-        (run_dir / "checkpoints").glob("global_step_*"), key=lambda p: int(p.name.rsplit("_", 1)[1])
-    )
+    steps = checkpoint_dirs(run_dir)
     if not steps:
-        raise RuntimeError(f"verl job for {stage} finished without a checkpoint in {run_dir / 'checkpoints'}")
+        raise VerlJobError(f"verl job for {stage} finished without a checkpoint in {run_dir / CHECKPOINTS}")
     with atomic_dir(out_dir) as tmp:
         merge = [sys.executable, "-m", "verl.model_merger", "merge", "--backend", "fsdp"]
         merge += ["--local_dir", str(steps[-1] / "actor"), "--target_dir", str(tmp)]
-        subprocess.run(merge, check=True)
-    return {
-        "backend": "verl",
-        "ray": "cluster " + str(v.ray_address) if inside else f"own head on {v.ray_head_host}",
-        "steps": int(steps[-1].name.rsplit("_", 1)[1]),
-        "overrides": str(overrides_file),
-    }
+        subprocess.run(merge, check=True, capture_output=True)
+
+    records = report.step_records(stage, run_dir)
+    report.write_step_log(records, Path(work_dir) / STEP_LOG)
+    metrics = report.summarize(records, stage_cfg.algorithm)
+    metrics.update(
+        {
+            "backend": "verl",
+            "ray": "cluster " + str(v.ray_address) if inside else f"own head on {v.ray_head_host}",
+            "checkpoint_step": int(steps[-1].name.rsplit("_", 1)[1]),
+            "attempts": attempt,
+            "resumed_from_step": resumed_from,
+            "overrides": str(overrides_file),
+        }
+    )
+    return metrics
 
 
-# Logical CPUs a head on a CPU node declares: verl's job is ~12 actors (task runner, trainer ranks, rollout
-# server, agent-loop and reward workers, TransferQueue units), most of them idle while one computes, and a
-# Ray actor holds one CPU to be scheduled; the processes themselves run one torch thread each.
-CPU_HEAD_LOGICAL_CPUS = 32
-
-
-def head_resources(v: Any) -> dict[str, int]:
-    """What a head the stage starts declares: the node's GPUs; on the CPU platform, one logical device
-    slot per training rank (plugins.cpu_platform) and enough logical CPUs for verl's actors."""
-    if v.device == "cpu":
-        return {"num_gpus": v.n_gpus_per_node, "num_cpus": CPU_HEAD_LOGICAL_CPUS}
-    return {"num_gpus": v.n_gpus_per_node if torch.cuda.is_available() else 0}
+__all__ = ["VerlJobError", "checkpoint_dirs", "head_resources", "latest_checkpoint_step", "run_verl_stage"]

@@ -219,3 +219,52 @@ def test_sigterm_to_the_stage_stops_its_server(world, tmp_path: Path) -> None:
     while _server_processes(port) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not _server_processes(port)
+
+
+def test_a_server_with_an_api_key_serves_every_client_that_holds_it(world, tmp_path: Path, monkeypatch) -> None:
+    """The GPU pool's jobs set NPR_SGLANG_API_KEY, and the launcher then starts the server with --api-key
+    (even on 127.0.0.1). The stand-in enforces it as SGLang's middleware does (401 on everything but
+    /health*), so the launcher's model check and the generate client must both send the key."""
+    import urllib.error
+    import urllib.request
+
+    tok, path = world
+    monkeypatch.setenv("NPR_SGLANG_API_KEY", "test-key-123")
+    cfg = _cfg(_spec(tmp_path, api_key_env="NPR_SGLANG_API_KEY"), max_new_tokens=8)
+    with serving(path, cfg, tmp_path / "logs") as served:
+        url = served.server_url
+        # a client without the key is refused, with SGLang's answer; /health stays open for probes
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"{url}/get_model_info", timeout=10)
+        assert refused.value.code == 401
+        assert urllib.request.urlopen(f"{url}/health", timeout=10).status == 200
+        # the stage's own requests carry it: the model check passed above, and decoding works
+        gens = generate(None, tok, _prompts(tok, 2), served)
+        assert len(gens) == 2 and all(g.backend == "sglang" for g in gens)
+
+
+def test_a_samples_requests_stay_on_one_data_parallel_replica(world, tmp_path: Path, monkeypatch) -> None:
+    """With dp_size replicas and SGLang's default round-robin routing, a sample's branches and its merge
+    land on different replicas and miss the prefix cache; the client pins each sample to one replica
+    (routed_dp_rank), so every request after the first of a sample finds its prefix cached there."""
+    tok, path = world
+    log = tmp_path / "requests.jsonl"
+    monkeypatch.setenv("SGLANG_STANDIN_REQUEST_LOG", str(log))
+    cfg = _cfg(_spec(tmp_path, dp_size=2), mode="parallel", max_new_tokens=40, max_step_tokens=6)
+    tags = TagIds.from_tokenizer(tok, "npr")
+    questions = ["2+3?", "4+1?", "7+2?"]
+    prompts = [
+        tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
+        for q in questions
+    ]
+    with serving(path, cfg, tmp_path / "logs") as served:
+        gens = generate(None, tok, prompts, served, tags, [TWO_PLANS] * 3)
+    assert all(g.parallel_taken for g in gens)
+    requests = [json.loads(line) for line in log.read_text().splitlines()]
+    assert {r["dp_rank"] for r in requests} == {0, 1}  # both replicas serve
+    for prompt in prompts:
+        ids = tok.encode(prompt, add_special_tokens=False)
+        mine = [r for r in requests if r["input_ids"][: len(ids)] == ids]
+        assert len(mine) >= 4  # its first request, two branches, the merge (and what follows)
+        # every request of the sample runs on one replica: the one whose cache holds its prefix
+        assert len({r["dp_rank"] for r in mine}) == 1

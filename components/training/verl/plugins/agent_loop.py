@@ -24,8 +24,8 @@ every backend) through the async driver (``components.engine.drive``) against ve
   with its tags, plus DAPO's overlong penalty when configured, exactly as the local trainer scores;
 - the structural filter: a training trace the canonical mask builder rejects (``rl_batch.
   structural_rejection``), one the reward marks filtered, or an empty one is dropped (``[]``) and counted
-  by reason (``NPRParallelAgentLoop.filter_counts``, logged). Validation traces (``extra_info.split ==
-  "test"``) are never dropped: a malformed answer counts as one in the held-out metrics.
+  by reason (``NPRParallelAgentLoop.filter_counts``, logged). Validation traces (``extra_info.held_out``,
+  set by the launcher for the rows of verl's validation set) are never dropped: a malformed answer counts as one in the held-out metrics.
 
 The settings of the controller are the local trainer's rollout settings (``RLTrainer._gen_cfg``):
 parallel mode, the rollout's temperature / top-p / top-k, the recipe's engine settings the launcher puts in
@@ -58,6 +58,7 @@ from components.structure import TagIds
 from components.training.dapo import overlong_penalty
 from components.training.rl_batch import Rollout, structural_rejection
 from components.training.verl.plugins.names import AGENT_LOOP, DEFAULT_SCHEMA, SCHEMA_ENV
+from components.training.verl.plugins.rollout_log import log_rollout
 
 logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "WARN"))
@@ -131,20 +132,30 @@ class NPRParallelAgentLoop(AgentLoopBase):
     ) -> AgentLoopOutput | list[AgentLoopOutput]:
         messages = list(kwargs["raw_prompt"])
         extra_info = _plain(kwargs.get("extra_info") or {})
-        validating = extra_info.get("split") == "test"
+        validating = bool(extra_info.get("held_out"))
         prompt_ids = await self.ct_build_initial_tokens(messages)
+        # the sample's identity, never verl's uid (a fresh uuid4 per prompt and run): the rollout seed, the
+        # problem, the sample within its group, the training step; so rollouts repeat run to run, and a
+        # resumed job draws what the interrupted one would have
         seed = sample_seed(
-            kwargs.get("uid", kwargs.get("index")), kwargs.get("session_id"), kwargs.get("global_steps")
+            self.rollout_config.get("seed"),
+            extra_info.get("id", extra_info.get("index")),
+            kwargs.get("session_id"),
+            kwargs.get("global_steps"),
+            validating,
         )
         gen_cfg = self.generation_config(sampling_params, seed, extra_info.get("generation"))
         policy = DecodePolicy.from_config(gen_cfg, self.tokenizer, self.tags)
         controller = SequenceController(prompt_ids, policy, seed=seed)
         request_id = uuid4().hex  # one per sample: sticky routing keeps its prefix cache on one replica
+        versions: list[int] = []  # the weight versions (global steps) the sample's requests were served with
 
         async def generate(prompt: list[int], params: dict[str, Any]) -> Any:
-            return await self.server_manager.generate(
+            output = await self.server_manager.generate(
                 request_id=request_id, prompt_ids=prompt, sampling_params={**params, "logprobs": True}
             )
+            versions.extend(weight_versions(output))
+            return output
 
         start = time.perf_counter()
         await drive(controller, generate, SamplingSettings.from_config(gen_cfg))
@@ -180,6 +191,18 @@ class NPRParallelAgentLoop(AgentLoopBase):
         score_time = time.perf_counter() - score_start
 
         rejection = self._rejection(prompt_ids, response_ids, gen.text, result)
+        log_rollout(
+            {
+                "step": None if kwargs.get("global_steps") is None else int(_plain(kwargs["global_steps"])),
+                "held_out": validating,
+                "valid": bool(result.get("valid", False)),
+                "correct": bool(result.get("acc", 0.0)),
+                "parallel": bool(result.get("parallel", 0.0)),
+                "forked": bool(gen.parallel_taken),
+                "rejected": None if validating else rejection,
+                "tokens": len(response_ids),
+            }
+        )
         if rejection is not None and not validating:
             self.filter_counts["rejected"] += 1
             self.filter_counts[f"rejected/{rejection}"] += 1
@@ -210,6 +233,9 @@ class NPRParallelAgentLoop(AgentLoopBase):
                 "turn_scores": [],
                 "tool_rewards": [],
                 "npr_structure": gen.structure(),
+                # verl's own loops pass these through from the server's answers; its metrics step reads
+                # them for every sample (trajectory spans and staleness) and fails without them
+                **version_span(versions),
             },
         )
 
@@ -224,6 +250,22 @@ class NPRParallelAgentLoop(AgentLoopBase):
         if reason is None and result.get("filtered"):
             reason = "reward_filtered"
         return reason
+
+
+def weight_versions(output: Any) -> list[int]:
+    """The weight versions (global steps) a server answer reports: verl's ``LLMServerClient`` sets
+    ``min_global_steps``/``max_global_steps`` in ``extra_fields`` from the server's ``global_steps``."""
+    extra = getattr(output, "extra_fields", None) or {}
+    return [int(extra[k]) for k in ("min_global_steps", "max_global_steps") if extra.get(k) is not None]
+
+
+def version_span(versions: list[int]) -> dict[str, int | None]:
+    """``min_global_steps``/``max_global_steps`` of a sample whose requests reported ``versions`` (verl's
+    tool agent loop keeps the first request's min and the last one's max; one sample's requests may
+    span a weight update only in verl's asynchronous trainers)."""
+    if not versions:
+        return {"min_global_steps": None, "max_global_steps": None}
+    return {"min_global_steps": min(versions), "max_global_steps": max(versions)}
 
 
 def _compute_score(

@@ -28,3 +28,7 @@ DEFAULT_SCHEMA = "npr"
 # The CPU platform (plugins.cpu_platform) and verl's variable that selects a platform by name.
 CPU_PLATFORM = "cpu"
 PLATFORM_ENV = "VERL_PLATFORM"
+
+# The replay buffer of structural-filter stages (trainer.v1.sampler.custom_sampler, plugins.replay).
+REPLAY_MODULE = "components.training.verl.plugins.replay"
+REPLAY_SAMPLER = "EmptiedGroupsReplayBuffer"

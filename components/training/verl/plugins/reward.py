@@ -27,6 +27,7 @@ from verl.experimental.reward_loop.reward_manager.dapo import DAPORewardManager
 
 from components.engine.controller import end_of_turn_ids
 from components.training.verl.plugins.names import REWARD_MANAGER
+from components.training.verl.plugins.rollout_log import log_rollout
 
 
 class TagKeepingDecoder:
@@ -69,4 +70,21 @@ class TagKeepingRewardManager(DAPORewardManager):
                 ],
                 dtype=object,
             )
-        return await super().run_single(data)
+        result = await super().run_single(data)
+        item = data[-1:][0]
+        info = item.non_tensor_batch.get("extra_info") or {}
+        width = item.batch["responses"].shape[-1]
+        extra = result.get("reward_extra_info", {})
+        step = data.non_tensor_batch.get("global_steps")
+        log_rollout(
+            {
+                "step": int(step[-1]) if step is not None else None,
+                "held_out": bool(info.get("held_out", False)),
+                "valid": bool(extra.get("valid", False)),
+                "correct": bool(extra.get("acc", 0.0)),
+                "parallel": bool(extra.get("parallel", 0.0)),
+                "rejected": None,
+                "tokens": int(item.batch["attention_mask"][-width:].sum()),
+            }
+        )
+        return result

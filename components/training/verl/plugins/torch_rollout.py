@@ -15,7 +15,9 @@ registries, both open for a new name:
 does (the same ``max_new_tokens`` rule, ``logprobs`` flag and ``TokenOutput`` with ``global_steps`` in
 ``extra_fields``), with the semantics of ``components.engine.backends.torch_tokens.TorchTokenGenerator``
 (SGLang's request semantics: causal prompt, stop ids, repetition penalty, temperature / top-k / top-p,
-log-probs of the tempered distribution). Concurrent requests are collected for a few milliseconds and
+log-probs of the tempered distribution), with every draw seeded: by the request's ``sampling_seed`` or,
+for a request without one, by a seed derived from the weight version, the prompt and how often it was
+asked (``_request_seed``); so a job's rollouts repeat run to run and a resumed job's match. Concurrent requests are collected for a few milliseconds and
 decoded as one batch (``generate_many``), as a server batches its running requests: verl's agent loops
 send a step's rollouts at once, and the ``npr_parallel`` loop sends a block's branches at once.
 
@@ -74,6 +76,13 @@ def max_new_tokens_of(
     return max(0, min(wanted, possible))
 
 
+def hash_tokens(tokens: list[int]) -> str:
+    """A short stable digest of a token sequence (part of a request's derived seed)."""
+    import hashlib
+
+    return hashlib.sha256(",".join(map(str, tokens)).encode()).hexdigest()[:16]
+
+
 class TorchRolloutServer:
     """One replica's inference server on a torch model (a Ray actor; see the module docstring)."""
 
@@ -107,8 +116,8 @@ class TorchRolloutServer:
         if eos is None:
             eos = self.model_config.tokenizer.eos_token_id
         eos_ids = [int(e) for e in (eos if isinstance(eos, list) else [eos])]
-        # SGLang's semantics (one server-wide generator), except that a request's sampling_seed is honoured:
-        # the npr_parallel agent loop seeds every extension, so its rollouts are reproducible
+        # SGLang's request semantics, but every draw is seeded: by the request's sampling_seed (the npr_parallel
+        # agent loop seeds every extension), else by _request_seed; so rollouts repeat run to run
         self.generator = TorchTokenGenerator(
             self.model, eos_ids, random_seed=int(getattr(config, "seed", 0) or 0), seed_requests=True
         )
@@ -120,6 +129,8 @@ class TorchRolloutServer:
         self.weight_version = 0
         self._pending: list[tuple[list[int], dict[str, Any], asyncio.Future]] = []
         self._batcher: asyncio.Task | None = None
+        self.seed = int(getattr(config, "seed", 0) or 0)
+        self._asked: dict[tuple, int] = {}  # (weight version, prompt, sampler) -> requests so far
         self.batches = 0
         self.requests = 0
 
@@ -145,6 +156,8 @@ class TorchRolloutServer:
             params, len(prompt), self.response_length, self.prompt_length, self.max_model_len
         )
         return_logprob = bool(params.pop("logprobs", False))
+        if params.get("sampling_seed") is None:
+            params["sampling_seed"] = self._request_seed(prompt, params)
         if params["max_new_tokens"] == 0:
             answer_ids, answer_lps, reason = [], [], "length"
         else:
@@ -161,6 +174,18 @@ class TorchRolloutServer:
             stop_reason=reason,
             extra_fields={"global_steps": self.global_steps},
         )
+
+    def _request_seed(self, prompt: list[int], params: dict[str, Any]) -> int:
+        """A seed for a request that carries none (verl's single-turn loop sends none): the server's seed,
+        the weight version, the prompt and sampler, and how many times this prompt was asked at this
+        version. So a step's rollouts are the same multiset of samples in every run, in whatever order the
+        requests arrive, and a resumed job draws what the interrupted one would have."""
+        from components.training.verl.plugins.agent_loop import sample_seed
+
+        key = (self.global_steps, tuple(prompt), params.get("temperature"), params.get("top_p"), params.get("top_k"))
+        occurrence = self._asked.get(key, 0)
+        self._asked[key] = occurrence + 1
+        return sample_seed(self.seed, *key[:1], hash_tokens(prompt), *key[2:], occurrence)
 
     async def _serve_batches(self) -> None:
         while self._pending:
@@ -195,6 +220,7 @@ class TorchRolloutServer:
         self.weight_version += 1
         if global_steps is not None:
             self.global_steps = global_steps
+        self._asked.clear()
         return self.weight_version
 
     async def set_global_steps(self, global_steps: int) -> None:
