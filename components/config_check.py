@@ -14,7 +14,17 @@ applies); ``check_profile`` runs them all. What is checked:
 - **Ray**: a verl stage that attaches to a cluster, or spans nodes, names a filesystem every node mounts
   (``verl.shared_dir``); its GPUs split into whole rollout tensor-parallel groups.
 
-- **verl validation**: each verl RL stage's job as verl itself checks it (``verl.launch.validate_job``).
+- **verl validation**: each verl RL stage's job as verl itself checks it (``verl.launch.validate_job``),
+  and what a real run needs beyond it: the trainer's imports (TransferQueue for the v1 trainer), the
+  rollout and replay buffer it names, sequence parallelism only with flash-attention (the only attention
+  verl patches for it), the torch rollout only on the CPU platform;
+- **checkpoint disk**: the checkpoints a verl stage keeps, plus its output, within ``orchestration.gpu.disk_gib``;
+- **SGLang API key**: a server started with ``--api-key`` and every client that talks to it use the same
+  key (spec ``api_key_env``, the client's variable, and on the cluster one secret for the server and the
+  gpu-pool jobs).
+
+A prompt longer than ``<stage>.verl.max_prompt_length`` needs the data, so it is refused at launch
+(``verl.launch.check_prompt_lengths``), before anything is submitted.
 """
 
 from __future__ import annotations
@@ -54,12 +64,15 @@ class Check:
 def check_validation_split(cfg: Any) -> list[Check]:
     rows = []
     for stage in RL_STAGES:
-        ok = cfg.sample_orz.test_n > 0
+        # the held-out split the RL stages evaluate on: val when sample_orz writes one, else test
+        held_out = cfg.sample_orz.val_n or cfg.sample_orz.test_n
+        split = "val" if cfg.sample_orz.val_n else "test"
+        ok = held_out > 0
         detail = (
-            f"{cfg.sample_orz.test_n} held-out problems ({stage}.eval_n = {getattr(cfg, stage).eval_n})"
+            f"{held_out} held-out problems of the {split} split ({stage}.eval_n = {getattr(cfg, stage).eval_n})"
             if ok
-            else f"sample_orz.test_n is 0: {stage} evaluates on the test split (verl: data.val_files) and "
-            "would get none; set sample_orz.test_n > 0"
+            else f"sample_orz.val_n and test_n are 0: {stage} evaluates on the held-out split (verl: "
+            "data.val_files) and would get none; set sample_orz.val_n > 0"
         )
         rows.append(Check("validation split", stage, ok, detail))
     return rows
@@ -247,7 +260,121 @@ def check_verl(cfg: Any) -> list[Check]:
     return rows
 
 
-CHECKS = (check_validation_split, check_memory, check_context_length, check_gpu_counts, check_ray, check_verl)
+# verl's FSDP checkpoint of an actor: fp32 weights (4 bytes a parameter) and AdamW's two fp32 moments (8)
+CHECKPOINT_BYTES_PER_PARAM = 12
+MERGED_BYTES_PER_PARAM = 2  # the stage's output: verl's model merger writes bf16
+
+
+def check_checkpoint_disk(cfg: Any) -> list[Check]:
+    """The checkpoints a verl stage keeps (``verl.keep_checkpoints``, verl's ``max_actor_ckpt_to_keep``;
+    verl's own default keeps every one) plus its merged output fit the node's declared disk
+    (``orchestration.gpu.disk_gib``)."""
+    shape = memory.model_shape(cfg)
+    disk = cfg.orchestration.gpu.disk_gib * 2**30
+    rows = []
+    for stage in RL_STAGES:
+        sc = getattr(cfg, stage)
+        if sc.backend != "verl":
+            continue
+        saves = max(1, sc.steps // max(1, sc.save_every))
+        kept = min(sc.verl.keep_checkpoints, saves)
+        need = kept * CHECKPOINT_BYTES_PER_PARAM * shape.params + MERGED_BYTES_PER_PARAM * shape.params
+        ok = need <= disk
+        gib = need / 2**30
+        detail = (
+            f"{kept} checkpoint(s) of {CHECKPOINT_BYTES_PER_PARAM * shape.params / 2**30:.1f} GiB + the merged "
+            f"model = {gib:.1f} of {cfg.orchestration.gpu.disk_gib:.0f} GiB (orchestration.gpu.disk_gib)"
+        )
+        if not ok:
+            detail += f": lower {stage}.verl.keep_checkpoints ({saves} saves in {sc.steps} steps)"
+        rows.append(Check("checkpoint disk", stage, ok, detail))
+    return rows
+
+
+SGLANG_SERVER_MANIFEST = "infra/k8s/sglang-server.yaml"
+GPU_POOL_TEMPLATE = "infra/k8s/gpu-pool-template.json"
+
+
+def _secret_ref_of_server_key(manifest: Any, env_name: str) -> tuple[str, str] | None:
+    """(secret, key) the cluster's SGLang server reads ``env_name`` from, in its Deployment."""
+    for doc in manifest:
+        if not isinstance(doc, dict) or doc.get("kind") != "Deployment":
+            continue
+        for container in doc["spec"]["template"]["spec"].get("containers", []):
+            for env in container.get("env", []):
+                ref = (env.get("valueFrom") or {}).get("secretKeyRef")
+                if env.get("name") == env_name and ref:
+                    return ref.get("name"), ref.get("key")
+    return None
+
+
+def _job_secrets(template: Any) -> set[str]:
+    """The secrets a gpu-pool job container takes its whole environment from (``envFrom``)."""
+    spec = template["job_configuration"]["job_manifest"]["spec"]["template"]["spec"]
+    return {
+        ref["secretRef"]["name"]
+        for container in spec.get("containers", [])
+        for ref in container.get("envFrom", [])
+        if "secretRef" in ref
+    }
+
+
+def check_sglang_api_key(cfg: Any, root: Any = None) -> list[Check]:
+    """A server that requires a key and every client that talks to it use the same key: the server spec's
+    ``api_key_env`` is the variable the client sends (``sglang_client.API_KEY_ENV``); and on the cluster the
+    SGLang Deployment reads the key from a secret entry named like that variable, in a secret the gpu-pool
+    jobs take their environment from (so distill and evaluate there hold it)."""
+    import json
+    from pathlib import Path
+
+    import yaml
+
+    from components.engine.backends.sglang_client import API_KEY_ENV
+
+    root = Path(root or ".")
+    rows = []
+    for stage in ("distill", "evaluate"):
+        gen = getattr(cfg, stage).generation
+        if gen.backend != "sglang":
+            continue
+        spec = {**memory.sglang_spec(gen), **dict(gen.server_args)}
+        key_env = spec.get("api_key_env")
+        problems = []
+        if key_env and key_env != API_KEY_ENV:
+            problems.append(
+                f"the server reads its key from {key_env} ({gen.server_spec} / {stage}.generation.server_args), "
+                f"the client sends {API_KEY_ENV}: every request would get HTTP 401"
+            )
+        if key_env and stage in cfg.orchestration.gpu_stages:
+            manifest = list(yaml.safe_load_all((root / SGLANG_SERVER_MANIFEST).read_text()))
+            template = json.loads((root / GPU_POOL_TEMPLATE).read_text())
+            ref = _secret_ref_of_server_key(manifest, API_KEY_ENV)
+            secrets = _job_secrets(template)
+            if ref is None:
+                problems.append(f"{SGLANG_SERVER_MANIFEST} does not read {API_KEY_ENV} from a secret")
+            elif ref[0] not in secrets or ref[1] != API_KEY_ENV:
+                problems.append(
+                    f"the cluster's server reads secret {ref[0]}/{ref[1]} but gpu-pool jobs take their "
+                    f"environment from {sorted(secrets)} ({GPU_POOL_TEMPLATE}): they would not hold {API_KEY_ENV}; "
+                    f"keep the key in one of those secrets under the name {API_KEY_ENV}"
+                )
+        detail = "; ".join(problems) or (
+            f"server and clients use {API_KEY_ENV}" if key_env else "the server requires no key (loopback)"
+        )
+        rows.append(Check("SGLang API key", stage, not problems, detail))
+    return rows
+
+
+CHECKS = (
+    check_validation_split,
+    check_memory,
+    check_context_length,
+    check_gpu_counts,
+    check_ray,
+    check_verl,
+    check_checkpoint_disk,
+    check_sglang_api_key,
+)
 
 
 def check_profile(cfg: Any) -> list[Check]:

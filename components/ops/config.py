@@ -46,6 +46,9 @@ class GpuSpec(StrictModel):
     per_node: int = Field(8, ge=1)
     # Held back from every plan: the CUDA context, NCCL buffers and the caching allocator's fragmentation.
     reserved_gib: float = Field(4.0, ge=0)
+    # Local disk of a node for a stage's work dir (verl's checkpoints: ~12 bytes a parameter each, weights
+    # and AdamW state in fp32), checked against the checkpoints a verl stage keeps (`npr config check`).
+    disk_gib: float = Field(1000.0, gt=0)
 
 
 class OrchestrationConfig(StrictModel):

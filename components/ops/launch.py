@@ -95,7 +95,7 @@ def sglang_server_command(
                 f"an SGLang server on {host} must require an API key: set api_key_env (e.g. {SGLANG_API_KEY_ENV})"
             )
         raise LaunchSpecError(
-            f"an SGLang server on {host} needs its API key: export {key_env} (from the npr-sglang secret)"
+            f"an SGLang server on {host} needs its API key: export {key_env} (on k8s: the npr-credentials secret)"
         )
     return argv  # loopback: only this machine can reach it; the key is used when it is set
 

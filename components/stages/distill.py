@@ -101,7 +101,9 @@ def _decode_chunks(
                 for p in chunk
                 for _ in range(dcfg.k)
             ]
-            # Seed per chunk: a resumed run draws exactly the samples an uninterrupted one would.
+            # Seed per chunk: a resumed run draws exactly the samples an uninterrupted one would (on an SGLang
+            # server only in its deterministic mode, which the GPU profile's distill turns on; otherwise the
+            # server ignores request seeds and a regenerated chunk is a new draw)
             chunk_cfg = gen_cfg.model_copy(update={"seed": gen_cfg.seed + c})
             start = time.perf_counter()
             gens = generate(model, tokenizer, prompts, chunk_cfg, tags)

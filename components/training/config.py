@@ -63,7 +63,6 @@ class VerlSettings(StrictModel):
     rollout_tp: int = Field(1, ge=1)
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
     max_prompt_length: int = Field(2048, ge=16)
-    train_prompt_mini_batch: int = Field(1, ge=1)  # prompts per optimizer step (x group_size responses)
     micro_batch_size_per_gpu: int = Field(1, ge=1)
     # Sequences per forward of the log-prob passes (old/ref log-probs); verl requires it when
     # use_dynamic_bsz is false. None = micro_batch_size_per_gpu.
@@ -92,8 +91,6 @@ class VerlSettings(StrictModel):
     max_refill_batches: int = Field(4, ge=1)
     # Checkpoints verl keeps (trainer.max_actor_ckpt_to_keep; verl's default keeps every one).
     keep_checkpoints: int = Field(2, ge=1)
-    val_n: int = Field(8, ge=1)
-    val_top_p: float = Field(0.7, gt=0, le=1)
     total_epochs: int = Field(1, ge=1)
     # Where the job runs (components.training.verl.ray_cluster). None: the stage starts a Ray head on its own
     # node (one node; the stage's job holds that node's GPUs) and stops it afterwards. An address

@@ -67,21 +67,28 @@ def compute_papo_advantage(
         ``(advantages, returns)``, both ``(bs, response_length)`` and equal (outcome supervision).
 
     Groups of one response get a zero baseline, as verl's GRPO does (structural filtering can leave one
-    survivor of a group). The std is the unbiased std of the ``bs`` sequence rewards, computed once.
+    survivor of a group). The std is the unbiased std of the sequence rewards of the batch's responses,
+    computed once. Rows without a response token are left out of every statistic and get advantage 0:
+    verl pads a batch to a multiple of its data-parallel size with synthetic rows whose reward is 0 and
+    whose response mask is empty (``verl/trainer/ppo/padding_utils.py``), and counting their zeros would
+    shrink or inflate every advantage depending on how many pads the batch needed.
     """
     scores = token_level_rewards.sum(dim=-1)
     bsz = scores.shape[0]
     if len(index) != bsz:
         raise ValueError(f"index has {len(index)} entries for a batch of {bsz} responses")
     with torch.no_grad():
+        real = response_mask.sum(dim=-1) > 0
         members: dict[Any, list[int]] = defaultdict(list)
         for i in range(bsz):
-            members[index[i]].append(i)
+            if bool(real[i]):
+                members[index[i]].append(i)
         baseline = torch.zeros_like(scores)
         for rows in members.values():
             if len(rows) > 1:
                 baseline[rows] = scores[rows].mean()
-        batch_std = scores.std() if bsz > 1 else torch.ones((), dtype=scores.dtype)
+        counted = scores[real]
+        batch_std = counted.std() if counted.numel() > 1 else torch.ones((), dtype=scores.dtype)
         if not batch_std > 0:
             # every reward equal: a group survivor of the structural filter kept its zero baseline, and
             # dividing by epsilon would turn its reward into a 1e6 advantage; scale 1, as for one response

@@ -65,6 +65,8 @@ VERL_ENTRY_MODULE = "verl.trainer.main_ppo"
 RL_STAGES = ("npr_zero", "papo_rl", "sr_rl", "pr1_rl")
 # attention implementations that honour the NPR actor's 4D mask (eager gets its additive form)
 PARALLEL_ATTENTION = ("sdpa", "flex_attention", "eager")
+# attention implementations verl's Ulysses sequence parallelism works with (it patches flash-attention only)
+ULYSSES_ATTENTION = ("flash_attention_2",)
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
@@ -161,7 +163,8 @@ def build_overrides(
         ("actor_rollout_ref.actor.entropy_coeff", 0),
         ("actor_rollout_ref.actor.grad_clip", stage_cfg.grad_clip),
         ("actor_rollout_ref.actor.ppo_epochs", 1),
-        ("actor_rollout_ref.actor.ppo_mini_batch_size", v.train_prompt_mini_batch),
+        # prompts per optimizer step: the stage's mini_batches split of its prompts, as the local trainer's
+        ("actor_rollout_ref.actor.ppo_mini_batch_size", stage_cfg.prompts_per_step // stage_cfg.mini_batches),
         ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", v.micro_batch_size_per_gpu),
         ("actor_rollout_ref.actor.use_dynamic_bsz", v.use_dynamic_bsz),
         ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", v.max_token_len_per_gpu),
@@ -185,9 +188,10 @@ def build_overrides(
         ("data.seed", stage_cfg.seed),
         ("actor_rollout_ref.rollout.tensor_model_parallel_size", v.rollout_tp),
         ("actor_rollout_ref.rollout.gpu_memory_utilization", v.gpu_memory_utilization),
-        ("actor_rollout_ref.rollout.val_kwargs.n", v.val_n),
+        # verl's validation samples the held-out problems as the local trainer's evaluation does
+        ("actor_rollout_ref.rollout.val_kwargs.n", stage_cfg.eval_samples),
         ("actor_rollout_ref.rollout.val_kwargs.temperature", stage_cfg.eval_temperature),
-        ("actor_rollout_ref.rollout.val_kwargs.top_p", v.val_top_p),
+        ("actor_rollout_ref.rollout.val_kwargs.top_p", stage_cfg.eval_top_p),
         ("actor_rollout_ref.rollout.val_kwargs.do_sample", True),
         ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", log_prob_micro),
         ("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", log_prob_micro),
@@ -437,6 +441,35 @@ def stage_overrides(stage: str, cfg: Any, inputs: VerlRunInputs) -> list[str]:
     )
 
 
+def check_prompt_lengths(
+    stage: str, stage_cfg: Any, prompts_cfg: Any, model_path: Path | str, problems: list[dict[str, Any]]
+) -> int:
+    """The longest prompt of the job in tokens, as verl's agent loop renders it (our chat messages through
+    the model's chat template); ConfigError when one exceeds ``<stage>.verl.max_prompt_length``.
+
+    verl 0.9.1's agent loop cuts a longer prompt from the front without a word (``data.truncation: error``
+    does not reach it, ``AgentLoopBase._cap_text_prompt_length``): the model would be trained on problems
+    with their beginning missing. So the job is refused before it is launched."""
+    from transformers import AutoTokenizer
+
+    from components.config import ConfigError
+    from components.prompts import render_prompt
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+    texts = [render_prompt(tokenizer, p["problem"], prompts_cfg, stage_cfg.prompt_style) for p in problems]
+    lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]] if texts else [0]
+    longest = max(range(len(lengths)), key=lengths.__getitem__)
+    bound = stage_cfg.verl.max_prompt_length
+    if lengths[longest] > bound:
+        over = sum(n > bound for n in lengths)
+        raise ConfigError(
+            f"{stage}.verl.max_prompt_length {bound}: {over} of {len(lengths)} prompts are longer (the longest, "
+            f"problem {problems[longest].get('id')!r}, has {lengths[longest]} tokens); verl's agent loop would "
+            "cut them from the front. Raise max_prompt_length or filter the problems"
+        )
+    return lengths[longest]
+
+
 def prepare_launch(
     stage: str,
     cfg: Any,
@@ -468,6 +501,7 @@ def prepare_launch(
             f"{stage}: {problems_dir} has no held-out problems for verl's validation set; "
             "set sample_orz.val_n or sample_orz.test_n > 0"
         )
+    check_prompt_lengths(stage, stage_cfg, cfg.prompts, model_path, [*train, *test])
     schema = cfg.schema_of(stage)
     reward = reward_settings(stage_cfg, cfg, schema)
     engine = cfg.engine_settings_of(stage)
@@ -506,6 +540,9 @@ class VerlJobCheck:
     ulysses_sp: int
     bypass_mode: bool
     post_merge_is_threshold: float | None
+    trainer_class: str = ""
+    rollout_class: str = ""
+    sampler_class: str | None = None
 
     @property
     def native_parallel(self) -> bool:
@@ -524,7 +561,7 @@ class VerlJobCheck:
 _VERL_SOURCES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("real_train_batch_size", ("prompts_per_step", "group_size", "verl.n_gpus_per_node", "verl.nnodes")),
     ("train_batch_size", ("prompts_per_step",)),
-    ("ppo_mini_batch_size", ("verl.train_prompt_mini_batch", "group_size")),
+    ("ppo_mini_batch_size", ("mini_batches", "prompts_per_step", "group_size")),
     ("ppo_micro_batch_size", ("verl.micro_batch_size_per_gpu",)),
     ("log_prob_micro_batch_size", ("verl.log_prob_micro_batch_size_per_gpu", "verl.use_dynamic_bsz")),
     ("ulysses_sequence_parallel_size", ("verl.ulysses_sp",)),
@@ -572,14 +609,35 @@ def _check_stage_settings(stage: str, stage_cfg: Any, cfg: Any) -> None:
     """Our own cross-field rules of a verl job, checked before verl sees it (errors name our settings)."""
     from components.config import ConfigError
 
+    v = stage_cfg.verl
     if stage_cfg.algorithm == "papo" and not native_parallel(stage_cfg):
         raise ConfigError(
             f"{stage}: PAPO on verl rolls out natively in parallel with the structural filter; set "
             f"{stage}.engine_mode: parallel and {stage}.structural_filter: true"
         )
+    if v.ulysses_sp > 1 and cfg.models.attn_implementation not in ULYSSES_ATTENTION:
+        # verl's monkey patch (verl/models/transformers/monkey_patch.py) replaces only transformers'
+        # flash-attention forward with the all-to-all one; sdpa never calls it, so each rank would attend
+        # within its own slice of the sequence and train on wrong log-probs
+        raise ConfigError(
+            f"{stage}.verl.ulysses_sp {v.ulysses_sp} needs models.attn_implementation in {ULYSSES_ATTENTION} "
+            f"(verl patches only flash-attention for sequence parallelism; "
+            f"{cfg.models.attn_implementation!r} would attend within each rank's slice): set "
+            f"{stage}.verl.ulysses_sp: 1"
+        )
+    if stage_cfg.prompts_per_step % stage_cfg.mini_batches:
+        raise ConfigError(
+            f"{stage}.prompts_per_step {stage_cfg.prompts_per_step} must split into {stage}.mini_batches "
+            f"{stage_cfg.mini_batches} equal mini-batches (verl's ppo_mini_batch_size is in prompts)"
+        )
+    if (v.device == "cpu") != (v.rollout_name == "torch"):
+        raise ConfigError(
+            f"{stage}.verl.rollout_name {v.rollout_name!r} with {stage}.verl.device {v.device!r}: the torch "
+            "rollout is the CPU platform's (SGLang and vLLM need CUDA); set rollout_name: torch with "
+            "device: cpu, sglang or vllm with device: cuda"
+        )
     if not native_parallel(stage_cfg):
         return
-    v = stage_cfg.verl
     if v.use_remove_padding:
         raise ConfigError(
             f"{stage}.verl.use_remove_padding must be false (or unset): the NPR actor builds a 4D parallel "
@@ -666,7 +724,7 @@ def validate_job(stage: str, cfg: Any) -> VerlJobCheck:
 
     # the job's environment: the vendor key only where the launcher sets it, the device a GPU node has
     unset = () if ENGINE_VENDOR_ENV in env_vars else (ENGINE_VENDOR_ENV,)
-    with _environment({**env_vars, "VERL_ENGINE_DEVICE": "cuda"}, unset):
+    with _environment({**env_vars, "VERL_ENGINE_DEVICE": stage_cfg.verl.device}, unset):
         engine_cls = EngineRegistry.get_engine_cls("language_model", actor.strategy)
     parallel_actor = issubclass(engine_cls, NPRParallelEngine)
     native = native_parallel(stage_cfg)
@@ -708,6 +766,10 @@ def validate_job(stage: str, cfg: Any) -> VerlJobCheck:
     if not isinstance(probe, dict) or "score" not in probe:
         raise ConfigError(f"{stage}: the reward function returned {probe!r}, not verl's score dict")
 
+    trainer_class = _resolve_trainer(stage, config)
+    rollout_class = _resolve_rollout(stage, config)
+    sampler_class = _resolve_sampler(stage, config)
+
     correction = actor.policy_loss.get("rollout_correction") or {}
     threshold = correction.get("rollout_is_threshold") if correction.get("rollout_is") == "token" else None
     bypass = bool(config.algorithm.rollout_correction.bypass_mode)
@@ -731,7 +793,76 @@ def validate_job(stage: str, cfg: Any) -> VerlJobCheck:
         ulysses_sp=int(actor.ulysses_sequence_parallel_size),
         bypass_mode=bypass,
         post_merge_is_threshold=None if threshold is None else float(threshold),
+        trainer_class=trainer_class,
+        rollout_class=rollout_class,
+        sampler_class=sampler_class,
     )
+
+
+def _qualname(obj: Any) -> str:
+    return f"{obj.__module__}.{obj.__qualname__}"
+
+
+def _resolve_trainer(stage: str, config: Any) -> str:
+    """The trainer class ``main_ppo`` will run, with every import it needs at run time: verl 0.9.1's v1
+    trainer (``trainer.use_v1``, its default) imports TransferQueue in the TaskRunner, after Ray started,
+    so a missing package surfaced only minutes into a GPU job."""
+    from components.config import ConfigError
+
+    if not config.trainer.use_v1:
+        from verl.trainer.main_ppo_v0 import TaskRunner
+
+        return _qualname(TaskRunner)
+    try:
+        import transfer_queue  # noqa: F401  (TaskRunnerV1.run imports it)
+        from verl.trainer.ppo.v1 import get_trainer_cls
+    except ImportError as err:
+        raise ConfigError(
+            f"{stage}: verl's v1 trainer (trainer.use_v1, verl 0.9.1's default) cannot import: {err}; it needs "
+            "TransferQueue (pyproject.toml and infra/gpu/requirements.txt pin TransferQueue==0.1.11)"
+        ) from err
+    try:
+        return _qualname(get_trainer_cls(config.trainer.v1.trainer_mode))
+    except (KeyError, ValueError, AssertionError) as err:
+        raise ConfigError(f"{stage}: verl has no v1 trainer {config.trainer.v1.trainer_mode!r}: {err}") from err
+
+
+def _resolve_rollout(stage: str, config: Any) -> str:
+    """The rollout replica registered under ``rollout.name``; for the torch rollout also its classes (an
+    SGLang or vLLM replica imports its server, which needs CUDA, so only its name is checked here)."""
+    from verl.workers.rollout import base as rollout_base
+    from verl.workers.rollout.replica import RolloutReplicaRegistry
+
+    from components.config import ConfigError
+
+    name = config.actor_rollout_ref.rollout.name
+    if name not in RolloutReplicaRegistry._registry:
+        raise ConfigError(
+            f"{stage}.verl.rollout_name: verl has no rollout {name!r}; registered: "
+            f"{sorted(RolloutReplicaRegistry._registry)}"
+        )
+    if (name, config.actor_rollout_ref.rollout.mode) not in rollout_base._ROLLOUT_REGISTRY:
+        raise ConfigError(f"{stage}.verl.rollout_name: verl has no {config.actor_rollout_ref.rollout.mode} adapter for {name!r}")
+    if name != "torch":
+        return name
+    replica = RolloutReplicaRegistry.get(name)
+    adapter = rollout_base.get_rollout_class(name, config.actor_rollout_ref.rollout.mode)
+    return f"{_qualname(replica)} + {_qualname(adapter)}"
+
+
+def _resolve_sampler(stage: str, config: Any) -> str | None:
+    """The custom replay buffer the job names (structural-filter stages), loaded as verl loads it."""
+    from verl.utils.import_utils import load_extern_type
+
+    from components.config import ConfigError
+
+    custom = config.trainer.v1.sampler.get("custom_sampler") or {}
+    if not custom.get("path"):
+        return None
+    try:
+        return _qualname(load_extern_type(custom.path, custom.name))
+    except (ImportError, AttributeError, FileNotFoundError) as err:
+        raise ConfigError(f"{stage}: the job's replay buffer {custom.path}:{custom.name} does not load: {err}") from err
 
 
 def main(argv: list[str] | None = None) -> int:
