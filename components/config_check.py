@@ -71,7 +71,7 @@ def check_validation_split(cfg: Any) -> list[Check]:
         detail = (
             f"{held_out} held-out problems of the {split} split ({stage}.eval_n = {getattr(cfg, stage).eval_n})"
             if ok
-            else f"sample_orz.val_n and test_n are 0: {stage} evaluates on the held-out split (verl: "
+            else f"sample_orz.val_n and sample_orz.test_n are 0: {stage} evaluates on the held-out split (verl: "
             "data.val_files) and would get none; set sample_orz.val_n > 0"
         )
         rows.append(Check("validation split", stage, ok, detail))

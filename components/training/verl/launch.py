@@ -22,8 +22,8 @@ Decisions (issue 6):
 - **Strict on-policy PAPO:** ``algorithm.rollout_correction.bypass_mode=true`` makes the trainer skip the
   old-log-prob pass (old log-probs are the rollout's); the ``papo`` loss ignores them by construction
   (ratio = π/sg(π)); they only feed the post-merge weights and the mismatch metrics.
-- **Reward:** ``reward.custom_reward_function.{path,name}`` pointing at
-  ``components/grading/verl_reward.py:compute_score``, called by the ``npr`` reward manager (DAPO's, with
+- **Reward:** ``reward.custom_reward_function.{path,name}`` naming the module
+  ``pkg://components.grading.verl_reward:compute_score``, called by the ``npr`` reward manager (DAPO's, with
   the response decoded with its tags: verl's stock managers skip special tokens, i.e. our tags) for the
   DAPO stages, and by the agent loop for ``papo_rl``.
 - **Jobs verl accepts:** ``validate_job(stage, cfg)`` composes the overrides with the installed verl
@@ -59,7 +59,10 @@ from components.training.verl.plugins.names import (
 )
 
 PLUGIN_MODULE = PLUGIN_PACKAGE
-REWARD_FILE = "components/grading/verl_reward.py"
+# verl loads the reward function by module (pkg://), not by a file path: a relative path resolves against each
+# worker's working directory, which is not the checkout when a stage runs elsewhere (a test repository, a
+# copied work tree), and every worker has the package importable
+REWARD_FILE = "pkg://components.grading.verl_reward"
 REWARD_FUNCTION = "compute_score"
 VERL_ENTRY_MODULE = "verl.trainer.main_ppo"
 RL_STAGES = ("npr_zero", "papo_rl", "sr_rl", "pr1_rl")
@@ -225,6 +228,18 @@ def build_overrides(
         ("trainer.device", v.device),
         ("transfer_queue.backend.SimpleStorage.num_data_storage_units", v.storage_units),
     ]
+    # every stage samples its steps through the bounded replay buffer (plugins.replay): DAPO's refills stop
+    # after max_gen_batches generation batches, as the local trainer's (verl's v1 buffer ignores the cap)
+    pairs += [
+        ("trainer.v1.sampler.custom_sampler.path", f"pkg://{REPLAY_MODULE}"),
+        ("trainer.v1.sampler.custom_sampler.name", REPLAY_SAMPLER),
+        ("+trainer.v1.sampler.sampler_kwargs.train_batch_size", stage_cfg.prompts_per_step),
+        ("+trainer.v1.sampler.sampler_kwargs.dapo_metric", "reward" if filter_groups else "null"),
+        (
+            "+trainer.v1.sampler.sampler_kwargs.max_dapo_evictions",
+            (stage_cfg.max_gen_batches - 1) * stage_cfg.prompts_per_step if stage_cfg.max_gen_batches > 0 else "null",
+        ),
+    ]
     if native:
         pairs += [
             # native fork/merge rollouts; rollout log-probs feed bypass mode's old log-probs (PAPO) and the
@@ -236,8 +251,6 @@ def build_overrides(
             # a group whose every rollout the filter dropped is refilled, within a bound (plugins.replay)
             pairs += [
                 ("trainer.v1.sampler.sync_refill_failed_groups", True),
-                ("trainer.v1.sampler.custom_sampler.path", f"pkg://{REPLAY_MODULE}"),
-                ("trainer.v1.sampler.custom_sampler.name", REPLAY_SAMPLER),
                 (
                     "+trainer.v1.sampler.sampler_kwargs.max_emptied_groups",
                     v.max_refill_batches * stage_cfg.prompts_per_step,
@@ -447,9 +460,9 @@ def check_prompt_lengths(
     """The longest prompt of the job in tokens, as verl's agent loop renders it (our chat messages through
     the model's chat template); ConfigError when one exceeds ``<stage>.verl.max_prompt_length``.
 
-    verl 0.9.1's agent loop cuts a longer prompt from the front without a word (``data.truncation: error``
-    does not reach it, ``AgentLoopBase._cap_text_prompt_length``): the model would be trained on problems
-    with their beginning missing. So the job is refused before it is launched."""
+    verl 0.9.1's agent loop cuts a longer prompt from the front and goes on, with a log line only
+    (``data.truncation: error`` does not reach it, ``AgentLoopBase._cap_text_prompt_length``): the model
+    would be trained on problems with their beginning missing. So the job is refused before it is launched."""
     from transformers import AutoTokenizer
 
     from components.config import ConfigError
@@ -750,9 +763,6 @@ def validate_job(stage: str, cfg: Any) -> VerlJobCheck:
             f"use {REWARD_MANAGER!r}"
         )
     reward_cfg = OmegaConf.create(OmegaConf.to_container(config, resolve=False))
-    reward_path = Path(reward_cfg.reward.custom_reward_function.path)
-    if not reward_path.is_absolute():
-        reward_cfg.reward.custom_reward_function.path = str(REPO_ROOT / reward_path)  # the job's working dir
     reward_fn = get_custom_reward_fn(reward_cfg)
     if reward_fn is None:
         raise ConfigError(f"{stage}: the job names no reward function")
@@ -852,7 +862,7 @@ def _resolve_rollout(stage: str, config: Any) -> str:
 
 def _resolve_sampler(stage: str, config: Any) -> str | None:
     """The custom replay buffer the job names (structural-filter stages), loaded as verl loads it."""
-    from verl.utils.import_utils import load_extern_type
+    from verl.utils.import_utils import load_extern_object
 
     from components.config import ConfigError
 
@@ -860,7 +870,7 @@ def _resolve_sampler(stage: str, config: Any) -> str | None:
     if not custom.get("path"):
         return None
     try:
-        return _qualname(load_extern_type(custom.path, custom.name))
+        return _qualname(load_extern_object(custom.path, custom.name))
     except (ImportError, AttributeError, FileNotFoundError) as err:
         raise ConfigError(f"{stage}: the job's replay buffer {custom.path}:{custom.name} does not load: {err}") from err
 

@@ -252,10 +252,13 @@ def run_driver(
     """Run verl's driver (``argv``) attached to the cluster at ``address``; returns its exit code."""
     env = dict(os.environ if env is None else env)
     env["RAY_ADDRESS"] = address
+    # the driver too ends with the stage (a killed stage must not leave verl's driver running)
     if log_path is None:
-        return subprocess.call(argv, env=env)
+        return subprocess.call(argv, env=env, preexec_fn=_stop_with_parent)
     with log_path.open("ab") as log:
-        return subprocess.call(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+        return subprocess.call(
+            argv, env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_stop_with_parent
+        )
 
 
 # ----------------------------------------------------------------------------------------- submitted jobs

@@ -21,7 +21,10 @@ VALID = (
     "<takeaway>Both agree on the value.</takeaway>\nSo \\boxed{\\sqrt{8}}."
 )
 MALFORMED = "<step>1: oops</guideline> \\boxed{\\sqrt{8}}"
-KEYS = {"score", "acc", "pred", "format_score", "valid", "filtered", "empty", "grade_failed", "truncated"}
+KEYS = {
+    "score", "acc", "correct_and_valid", "parallel", "pred", "format_score", "valid", "filtered", "empty",
+    "grade_failed", "truncated",
+}
 
 
 def _verl_reward_fn(reward_kwargs: dict[str, Any]) -> Any:

@@ -29,7 +29,10 @@ def test_the_checks_cover_what_a_gpu_run_needs():
         "GPU count",
         "Ray",
         "verl validation",
+        "checkpoint disk",
+        "SGLang API key",
     }
+    assert all(r.ok for r in rows), [r for r in rows if not r.ok]
     assert {r.stage for r in rows if r.check == "verl validation"} == {"npr_zero", "papo_rl", "sr_rl", "pr1_rl"}
     gpus = {r.stage: r.detail for r in rows if r.check == "GPU count"}
     assert gpus["seed"].startswith("0 GPU(s)")  # it only materialises the hub model
@@ -78,3 +81,79 @@ def test_cli_prints_the_table_and_exits_1_on_a_failure(in_repo):
     )
     assert bad.exit_code == 1
     assert "parallel_warmup.gradient_checkpointing" in bad.output and "FAIL" in bad.output
+
+
+# What the real verl run on CPU exposed (tests/integration/training/test_verl_main_ppo.py); each rule is
+# shown failing on a profile that breaks it.
+@pytest.mark.parametrize(
+    ("overrides", "check", "stage", "says"),
+    [
+        # verl patches only flash-attention for Ulysses: with sdpa each rank attends within its slice
+        (["npr_zero.verl.ulysses_sp=8"], "verl validation", "npr_zero", "needs models.attn_implementation"),
+        # verl keeps every checkpoint by default; a 4B actor with AdamW is ~48 GB each
+        (["papo_rl.verl.keep_checkpoints=50"], "checkpoint disk", "papo_rl", "lower papo_rl.verl.keep_checkpoints"),
+        (
+            ["npr_zero.verl.keep_checkpoints=3", "orchestration.gpu.disk_gib=120"],
+            "checkpoint disk",
+            "npr_zero",
+            "of 120 GiB",
+        ),
+        # the server would read another variable than the one its clients send
+        (
+            ['distill.generation.server_args={"api_key_env": "OTHER_KEY"}'],
+            "SGLang API key",
+            "distill",
+            "every request would get HTTP 401",
+        ),
+        # the torch rollout is the CPU platform's
+        (["sr_rl.verl.rollout_name=torch"], "verl validation", "sr_rl", "the torch rollout is the CPU platform's"),
+    ],
+)
+def test_a_profile_that_breaks_a_real_run_rule_fails_the_check(overrides, check, stage, says):
+    rows = check_profile(load_config(profile="qwen3-4b", overrides=overrides))
+    bad = [r for r in rows if not r.ok]
+    assert [(r.check, r.stage) for r in bad] == [(check, stage)], bad
+    assert says in bad[0].detail
+
+
+def test_the_v1_trainer_imports_are_part_of_verls_validation(monkeypatch):
+    """verl 0.9.1's default trainer imports TransferQueue only in its TaskRunner, minutes into a GPU job: the
+    check imports it before anything is launched."""
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_transfer_queue(name, *args, **kwargs):
+        if name == "transfer_queue" or name.startswith("transfer_queue."):
+            raise ModuleNotFoundError("No module named 'transfer_queue'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_transfer_queue)
+    rows = check_profile(load_config(profile="qwen3-4b"))
+    bad = {r.stage: r.detail for r in rows if not r.ok and r.check == "verl validation"}
+    assert set(bad) == {"npr_zero", "papo_rl", "sr_rl", "pr1_rl"}
+    assert all("TransferQueue" in d for d in bad.values())
+
+
+def test_the_cluster_wires_one_sglang_key_to_the_server_and_the_gpu_jobs(tmp_path):
+    """On the cluster the SGLang Deployment and the gpu-pool jobs must read the key from one secret entry;
+    a manifest that reads it from a secret the jobs do not take their environment from is refused."""
+    import shutil
+
+    from components.config_check import GPU_POOL_TEMPLATE, SGLANG_SERVER_MANIFEST, check_sglang_api_key
+
+    cfg = load_config(profile="qwen3-4b")
+    for rel in (SGLANG_SERVER_MANIFEST, GPU_POOL_TEMPLATE):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(rel, tmp_path / rel)
+    assert all(r.ok for r in check_sglang_api_key(cfg, tmp_path))
+    manifest = tmp_path / SGLANG_SERVER_MANIFEST
+    # the wiring before this check existed: the server read a secret of its own
+    manifest.write_text(
+        manifest.read_text().replace(
+            "{secretKeyRef: {name: npr-credentials, key: NPR_SGLANG_API_KEY}}",
+            "{secretKeyRef: {name: npr-sglang, key: api_key}}",
+        )
+    )
+    rows = {r.stage: r for r in check_sglang_api_key(cfg, tmp_path)}
+    assert not rows["distill"].ok and "would not hold NPR_SGLANG_API_KEY" in rows["distill"].detail

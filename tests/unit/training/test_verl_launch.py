@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from pathlib import Path
 
 import pytest
 import yaml
@@ -40,7 +41,7 @@ def test_overrides_compose_with_installed_verl(profile: str, stage: str):
     assert actor.clip_ratio_low == stage_cfg.clip_ratio_low
     assert actor.clip_ratio_high == stage_cfg.clip_ratio_high
     assert composed.actor_rollout_ref.rollout.n == stage_cfg.group_size
-    assert composed.reward.custom_reward_function.path == "components/grading/verl_reward.py"
+    assert composed.reward.custom_reward_function.path == "pkg://components.grading.verl_reward"
     assert composed.reward.custom_reward_function.name == "compute_score"
     assert composed.reward.reward_kwargs.max_resp_len == stage_cfg.max_new_tokens
     # every stage: the tag-keeping reward manager, our plugins imported by the workers
@@ -96,7 +97,11 @@ def test_paper_stage1_settings_reach_verl():
     assert c.data.train_batch_size == 32 and c.actor_rollout_ref.rollout.n == 16
     assert c.data.max_response_length == 30000 and c.actor_rollout_ref.actor.optim.lr == 1e-6
     assert c.actor_rollout_ref.actor.optim.lr_scheduler_type == "cosine"
-    assert c.algorithm.filter_groups.max_num_gen_batches == 0
+    # verl's v1 buffer ignores max_num_gen_batches; the bounded replay buffer enforces it: 9 more batches
+    assert c.algorithm.filter_groups.max_num_gen_batches == 10
+    sampler = c.trainer.v1.sampler
+    assert sampler.custom_sampler.name == "BoundedReplayBuffer"
+    assert (sampler.sampler_kwargs.dapo_metric, sampler.sampler_kwargs.max_dapo_evictions) == ("reward", 9 * 32)
     assert OmegaConf.to_container(c.reward.reward_kwargs.overlong_buffer_cfg) == {
         "enable": True,
         "len": 10,
@@ -176,7 +181,7 @@ def test_verl_accepts_every_rl_job(profile: str, stage: str):
     cfg = load_config(profile=profile)
     check = validate_job(stage, cfg)
     assert check.reward_manager_class.endswith("TagKeepingRewardManager")
-    assert check.reward_function == "components/grading/verl_reward.py:compute_score"
+    assert check.reward_function == "pkg://components.grading.verl_reward:compute_score"
     if stage == "papo_rl":
         assert check.native_parallel
         assert check.engine_class.endswith("NPRParallelEngine") and check.agent_loop == "npr_parallel"
@@ -262,6 +267,15 @@ def _problems_dir(tmp_path, n_train: int, n_test: int):
     return out
 
 
+def _model_dir(tmp_path: Path) -> Path:
+    """A starting model's directory as the launcher reads it (its tokenizer renders the prompts)."""
+    from components.models.loading import save_model
+    from components.models.tiny import tiny_test_world
+
+    model, tok = tiny_test_world(seed=0)
+    return save_model(model, tok, tmp_path / "npr-beta")
+
+
 def test_papo_stage_on_qwen3_4b_prepares_a_validated_native_parallel_job(tmp_path, in_repo):
     """What `npr stage papo_rl` (backend verl) writes before it submits: the job validate_job accepted,
     with a held-out validation set of the stage's eval_n problems."""
@@ -272,7 +286,7 @@ def test_papo_stage_on_qwen3_4b_prepares_a_validated_native_parallel_job(tmp_pat
     cfg = load_config(profile="qwen3-4b")
     problems = _problems_dir(tmp_path, n_train=8, n_test=40)
     run_dir = tmp_path / "verl"
-    argv, path = prepare_launch("papo_rl", cfg, tmp_path / "npr-beta", problems, run_dir)
+    argv, path = prepare_launch("papo_rl", cfg, _model_dir(tmp_path), problems, run_dir)
     saved = yaml.safe_load(path.read_text())
     overrides = set(saved["overrides"])
     assert "actor_rollout_ref.rollout.agent.default_agent_loop=npr_parallel" in overrides
@@ -299,7 +313,7 @@ def test_the_validation_set_is_the_val_split_when_sample_orz_wrote_one(tmp_path,
     problems = _problems_dir(tmp_path, n_train=8, n_test=40)
     val_rows = [{**r, "split": "val"} for r in generate_problems(40, seed=3)]
     write_shards(problems, val_rows, 1, stem="val")
-    prepare_launch("papo_rl", cfg, tmp_path / "npr-beta", problems, tmp_path / "verl")
+    prepare_launch("papo_rl", cfg, _model_dir(tmp_path), problems, tmp_path / "verl")
     val = pd.read_parquet(tmp_path / "verl" / "val.parquet")
     assert len(val) == cfg.papo_rl.eval_n and set(val["extra_info"].map(lambda e: e["split"])) == {"val"}
 
@@ -310,5 +324,31 @@ def test_a_profile_without_held_out_problems_fails_before_any_file_is_written(tm
     cfg = load_config(profile="qwen3-4b")
     problems = _problems_dir(tmp_path, n_train=8, n_test=0)
     with pytest.raises(ConfigError, match="sample_orz.test_n"):
-        prepare_launch("papo_rl", cfg, tmp_path / "npr-beta", problems, tmp_path / "verl")
+        prepare_launch("papo_rl", cfg, _model_dir(tmp_path), problems, tmp_path / "verl")
+    assert not (tmp_path / "verl" / "train.parquet").exists()
+
+
+def test_a_prompt_longer_than_max_prompt_length_is_refused_before_launch(tmp_path, in_repo):
+    """verl 0.9.1's agent loop would cut it from the front with a log line and go on training
+    (data.truncation does not reach it): the launcher refuses the job first, naming the setting and the
+    longest prompt."""
+    from verl.experimental.agent_loop.agent_loop import AgentLoopBase
+
+    from components.config import ConfigError
+    from components.training.verl.launch import prepare_launch
+
+    # what verl itself would do with such a prompt: keep its last max_prompt_length tokens
+    class _Loop(AgentLoopBase):  # any concrete loop: the cap is the base class's
+        async def run(self, sampling_params, **kwargs):
+            raise NotImplementedError
+
+    loop = object.__new__(_Loop)
+    loop.prompt_length = 4
+    loop.rollout_config = OmegaConf.create({"prompt_length": 4})
+    assert AgentLoopBase._cap_text_prompt_length(loop, [1, 2, 3, 4, 5, 6]) == [3, 4, 5, 6]
+
+    cfg = load_config(profile="qwen3-4b", overrides=["papo_rl.verl.max_prompt_length=24"])
+    problems = _problems_dir(tmp_path, n_train=8, n_test=40)
+    with pytest.raises(ConfigError, match=r"papo_rl.verl.max_prompt_length 24: \d+ of \d+ prompts are longer"):
+        prepare_launch("papo_rl", cfg, _model_dir(tmp_path), problems, tmp_path / "verl")
     assert not (tmp_path / "verl" / "train.parquet").exists()

@@ -29,6 +29,6 @@ DEFAULT_SCHEMA = "npr"
 CPU_PLATFORM = "cpu"
 PLATFORM_ENV = "VERL_PLATFORM"
 
-# The replay buffer of structural-filter stages (trainer.v1.sampler.custom_sampler, plugins.replay).
+# The replay buffer of every verl RL stage (trainer.v1.sampler.custom_sampler, plugins.replay).
 REPLAY_MODULE = "components.training.verl.plugins.replay"
-REPLAY_SAMPLER = "EmptiedGroupsReplayBuffer"
+REPLAY_SAMPLER = "BoundedReplayBuffer"
