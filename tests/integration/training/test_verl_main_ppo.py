@@ -116,16 +116,33 @@ def _records(root: Path, stage: str) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def _ray_processes() -> list[psutil.Process]:
-    out = []
+def _ray_processes() -> set[int]:
+    """Ray heads, raylets and verl drivers on this machine (pids)."""
+    out = set()
     for p in psutil.process_iter(["cmdline"]):
-        cmd = " ".join(p.info["cmdline"] or [])
-        if "ray start --head" in cmd or "gcs_server" in cmd or "raylet" in cmd or "main_ppo" in cmd:
-            out.append(p)
+        cmd = p.info["cmdline"] or []
+        joined = " ".join(cmd)
+        if (
+            ("ray" in Path(cmd[0]).name and "start" in cmd and "--head" in cmd if cmd else False)
+            or joined.endswith(("gcs_server", "raylet"))
+            or any(Path(c).name in ("gcs_server", "raylet") for c in cmd[:1])
+            or ("-m" in cmd and "verl.trainer.main_ppo" in cmd)
+        ):
+            out.add(p.pid)
     return out
 
 
-def _assert_trained_through_verl(root: Path, stage: str, metrics: dict) -> None:
+def _left_behind(before: set[int], wait_s: float = 60.0) -> set[int]:
+    """The Ray and verl processes started since ``before`` that are still alive after ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        new = {pid for pid in _ray_processes() - before if psutil.pid_exists(pid)}
+        if not new or time.monotonic() > deadline:
+            return new
+        time.sleep(0.5)
+
+
+def _assert_trained_through_verl(root: Path, stage: str, metrics: dict, before: set[int]) -> None:
     work = root / "artifacts" / stage / "work" / "verl"
     overrides = (work / "verl_overrides.yaml").read_text()
     assert "python -m verl.trainer.main_ppo" in overrides and "actor_rollout_ref.rollout.name=torch" in overrides
@@ -151,13 +168,14 @@ def _assert_trained_through_verl(root: Path, stage: str, metrics: dict) -> None:
     moved = [k for k, t in start.items() if not torch.equal(out[k], t.to(torch.bfloat16))]
     assert moved, "the merged model equals the starting one: nothing was trained"
     # the stage's Ray head and everything it started are gone
-    assert not _ray_processes()
+    assert not _left_behind(before)
 
 
 @pytest.mark.parametrize("stage", ["sr_rl", "pr1_rl"])
 def test_an_rl_stage_trains_through_verls_main_ppo(repo: Path, stage: str) -> None:
+    before = _ray_processes()
     metrics = _run_stage(repo, stage)
-    _assert_trained_through_verl(repo, stage, metrics)
+    _assert_trained_through_verl(repo, stage, metrics, before)
     if stage == "pr1_rl":  # native parallel: the NPR actor and the npr_parallel agent loop, schema parallel_r1
         overrides = (repo / "artifacts" / stage / "work" / "verl" / "verl_overrides.yaml").read_text()
         assert "default_agent_loop=npr_parallel" in overrides and "NPR_SCHEMA: parallel_r1" in overrides
@@ -183,18 +201,16 @@ def _wait_for_checkpoint(root: Path, stage: str, proc: subprocess.Popen, step: i
 
 @pytest.mark.parametrize("stage", ["npr_zero", "papo_rl"])
 def test_a_killed_verl_stage_resumes_and_reports_the_uninterrupted_run(repo: Path, tmp_path: Path, stage: str) -> None:
+    before = _ray_processes()
     uninterrupted = _run_stage(repo, stage)
-    _assert_trained_through_verl(repo, stage, uninterrupted)
+    _assert_trained_through_verl(repo, stage, uninterrupted, before)
 
     other = _make_repo(tmp_path / "repo")
     proc = _npr_stage(other, stage, start_new_session=True)
     _wait_for_checkpoint(other, stage, proc, 1)
     os.killpg(proc.pid, signal.SIGKILL)  # the stage, with no chance to stop anything it started
     proc.wait(timeout=60)
-    deadline = time.monotonic() + 60
-    while _ray_processes() and time.monotonic() < deadline:  # its Ray head and driver follow it
-        time.sleep(0.5)
-    assert not _ray_processes(), "a killed stage left Ray running"
+    assert not _left_behind(before), "a killed stage left Ray or verl's driver running"  # they follow it
 
     resumed = _run_stage(other, stage)
     assert resumed["attempts"] == 2 and resumed["resumed_from_step"] == 1
