@@ -486,7 +486,8 @@ def plan_stage(stage: str, cfg: Any, model_dir: str | Path | None = None, gpu: A
     if stage in RL_STAGES:
         sc = getattr(cfg, stage)
         if sc.backend == "verl":
-            return _verl_plans(stage, cfg, shape, gpu)
+            # verl on the CPU platform (tiny) holds no device memory to plan
+            return [] if sc.verl.device == "cpu" else _verl_plans(stage, cfg, shape, gpu)
         return _local_rl_plans(stage, cfg, shape) if uses_gpu(cfg) else []
     if stage in ("distill", "evaluate"):
         gen = getattr(cfg, stage).generation
@@ -496,11 +497,12 @@ def plan_stage(stage: str, cfg: Any, model_dir: str | Path | None = None, gpu: A
 
 def gpus_for(stage: str, cfg: Any) -> int:
     """GPUs the stage's own job needs (what the gpu pool is asked for): 0 for data stages, a CPU profile's
-    stages, a hub seed (it only materialises the model) and a verl stage attached to a running Ray
-    cluster (the cluster has the GPUs); a verl stage that starts its own Ray head needs its node's GPUs."""
+    stages, a hub seed (it only materialises the model), a verl stage on the CPU platform and a verl stage
+    attached to a running Ray cluster (the cluster has the GPUs); a verl stage that starts its own Ray head
+    needs its node's GPUs."""
     if stage in RL_STAGES and getattr(cfg, stage).backend == "verl":
         v = getattr(cfg, stage).verl
-        return 0 if v.ray_address else v.n_gpus_per_node
+        return 0 if v.ray_address or v.device == "cpu" else v.n_gpus_per_node
     plans = plan_stage(stage, cfg)
     return max((p.gpus for p in plans), default=0)
 

@@ -157,3 +157,14 @@ def test_the_cluster_wires_one_sglang_key_to_the_server_and_the_gpu_jobs(tmp_pat
     )
     rows = {r.stage: r for r in check_sglang_api_key(cfg, tmp_path)}
     assert not rows["distill"].ok and "would not hold NPR_SGLANG_API_KEY" in rows["distill"].detail
+
+
+def test_the_tiny_profile_runs_every_rl_stage_through_verl_on_cpu():
+    """`npr stage <rl stage> --set <stage>.backend=verl` on a laptop: verl accepts each job on the CPU
+    platform with the torch rollout, and nothing asks for a GPU."""
+    stages = ("npr_zero", "papo_rl", "sr_rl", "pr1_rl")
+    rows = check_profile(load_config(profile="tiny", overrides=[f"{s}.backend=verl" for s in stages]))
+    assert all(r.ok for r in rows), [r for r in rows if not r.ok]
+    verl = {r.stage: r.detail for r in rows if r.check == "verl validation"}
+    assert set(verl) == set(stages)
+    assert all(r.detail.startswith("0 GPU(s) on the cpu pool") for r in rows if r.check == "GPU count")
