@@ -33,6 +33,8 @@ from safetensors.torch import load_file
 from components.artifacts import write_shards
 from components.config import dump_yaml, load_config
 from components.data.synthetic import generate_problems
+from components.models.loading import load_model, save_model
+from components.models.tags import add_tag_tokens
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -71,8 +73,12 @@ def _make_repo(root: Path) -> Path:
     out = root / "artifacts" / "sample_orz" / "problems"
     write_shards(out, [dict(p, split="train") for p in problems[:140]], 1, stem="train")
     write_shards(out, [dict(p, split="val") for p in problems[140:]], 1, stem="val")
-    for init in set(INIT_FROM.values()):
+    for init in set(INIT_FROM.values()) - {"pr1_coldstart"}:
         shutil.copytree(SEED_MODEL, root / "artifacts" / init / "model")
+    # Parallel-R1's RL starts from a model holding its tags as single tokens (its cold start adds them)
+    model, tok = load_model(SEED_MODEL, cfg.models, cfg.run)
+    add_tag_tokens(model, tok, "parallel_r1")
+    save_model(model, tok, root / "artifacts" / "pr1_coldstart" / "model")
     return root
 
 

@@ -115,7 +115,7 @@ def test_a_policy_that_never_writes_its_schema_fails_the_step_with_a_reason(queu
         return n
 
     buf = _buffer(BoundedReplayBuffer, refill, max_emptied_groups=3, train_batch_size=1)
-    with pytest.raises(StructuralFilterExhausted, match="structural filter dropped every rollout of 4 groups"):
+    with pytest.raises(StructuralFilterExhausted, match="4 groups were replaced"):
         buf.sample(global_steps=1, partition_id="train", batch_size=1)
 
 
@@ -170,3 +170,24 @@ def test_dapo_refills_stop_at_the_generation_budget(queue) -> None:
     meta, metrics = buf.sample(global_steps=1, partition_id="train", batch_size=2)
     assert len({key.split("_")[0] for key in meta.keys}) == 2
     assert metrics["training/filter_groups/evicted_samples"] == 2  # the step's budget, then no more
+
+
+def test_an_agent_loop_that_fails_every_sample_stops_the_step(queue) -> None:
+    """verl refills failed groups (sessions that raised) without a bound; an agent loop failing on every
+    sample (a tokenizer without the schema's tags, say) would refill forever. The bound counts them."""
+    from components.training.verl.plugins.replay import BoundedReplayBuffer, StructuralFilterExhausted
+
+    def failed_group() -> None:
+        uid = f"g{next(_uids)}"
+        tq.kv_put(key=uid, partition_id="train", tag={"is_prompt": True, "status": "failure", "global_steps": 1})
+
+    failed_group()
+
+    def refill(n: int) -> int:
+        for _ in range(n):
+            failed_group()
+        return n
+
+    buf = _buffer(BoundedReplayBuffer, refill, max_emptied_groups=3, train_batch_size=1)
+    with pytest.raises(StructuralFilterExhausted, match="4 of them failed"):
+        buf.sample(global_steps=1, partition_id="train", batch_size=1)

@@ -10,7 +10,8 @@ asks for each step's groups) differs from the local trainer's step in two places
   ``trainer.v1.sampler.sync_refill_failed_groups`` replaces only *failed* groups (a session raised). Here an
   emptied training group counts as failed: verl's refill path evicts it and submits a fresh prompt. Groups
   that keep some trajectories are trained as verl trains them. At most ``max_emptied_groups`` groups are
-  replaced a step (``<stage>.verl.max_refill_batches`` x prompts per step); past it the step fails with a
+  replaced a step, failed ones (verl's own refill of groups whose sessions raised, which is otherwise
+  unbounded too: an agent loop that fails on every sample refilled forever) included (``<stage>.verl.max_refill_batches`` x prompts per step); past it the step fails with a
   message naming the structural filter, instead of sampling forever from a policy that no longer writes
   its schema.
 - **DAPO's dynamic sampling.** verl's v1 buffer evicts every group whose rewards are all equal and refills
@@ -70,6 +71,7 @@ class BoundedReplayBuffer(ReplayBuffer):
             kwargs.setdefault("gen_batch_size", 1)  # exact refills (verl requires it with refills)
         super().__init__(*args, sampler_kwargs=sampler_kwargs, **kwargs)
         self.emptied_by_step: dict[int, set[str]] = {}
+        self.failed_by_step: dict[int, set[str]] = {}
         self.dapo_evicted_by_step: dict[int, set[str]] = {}
         self._step = 0
 
@@ -80,17 +82,25 @@ class BoundedReplayBuffer(ReplayBuffer):
             return stale, dapo, failed, dapo_counts
         materializable = {key.split("_")[0] for key in self.partitions[partition_id]}
         emptied = self.finished_keys[partition_id] - materializable
-        if emptied:
+        replaced = emptied | failed  # failed: a session raised (verl's own refill), counted in the same bound
+        if replaced:
             seen = self.emptied_by_step.setdefault(global_steps, set())
-            seen |= emptied
+            seen |= replaced
+            failures = self.failed_by_step.setdefault(global_steps, set())
+            failures |= failed
             if len(seen) > self.max_emptied_groups:
-                raise StructuralFilterExhausted(
-                    f"step {global_steps}: the structural filter dropped every rollout of {len(seen)} groups "
-                    f"(more than the {self.max_emptied_groups} refills allowed a step: "
-                    "<stage>.verl.max_refill_batches x prompts_per_step); the policy no longer writes its "
-                    "parallel schema"
+                cause = (
+                    f"{len(failures)} of them failed (an agent-loop error: see the driver log's 'Error in "
+                    "_run_prompt')"
+                    if failures
+                    else "the policy no longer writes its parallel schema"
                 )
-            logger.info("step %d: refilling %d groups the structural filter emptied", global_steps, len(emptied))
+                raise StructuralFilterExhausted(
+                    f"step {global_steps}: {len(seen)} groups were replaced (every rollout dropped by the "
+                    f"structural filter, or failed), more than the {self.max_emptied_groups} refills allowed a "
+                    f"step (<stage>.verl.max_refill_batches x prompts_per_step); {cause}"
+                )
+            logger.info("step %d: refilling %d emptied and %d failed groups", global_steps, len(emptied), len(failed))
         return stale, dapo, failed | emptied, dapo_counts
 
     def _dapo_filtered_keys(self, partition_id: str):
