@@ -483,6 +483,26 @@ def check_prompt_lengths(
     return lengths[longest]
 
 
+def check_tag_tokens(stage: str, model_path: Path | str, schema: str) -> None:
+    """ConfigError unless the starting model's tokenizer holds ``schema``'s tags as single tokens: the
+    ``npr_parallel`` agent loop and the NPR actor need them, and without them every sample of the job fails
+    in its agent loop (found by a real run: a Parallel-R1 job from a model without Parallel-R1's tags)."""
+    from transformers import AutoTokenizer
+
+    from components.config import ConfigError
+    from components.structure import TagIds
+    from components.structure.errors import TagTokenError
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+    try:
+        TagIds.from_tokenizer(tokenizer, schema)
+    except TagTokenError as err:
+        raise ConfigError(
+            f"{stage}: the starting model {model_path} cannot decode the {schema!r} schema natively in "
+            f"parallel: {err}"
+        ) from err
+
+
 def prepare_launch(
     stage: str,
     cfg: Any,
@@ -516,6 +536,8 @@ def prepare_launch(
         )
     check_prompt_lengths(stage, stage_cfg, cfg.prompts, model_path, [*train, *test])
     schema = cfg.schema_of(stage)
+    if native_parallel(stage_cfg):
+        check_tag_tokens(stage, model_path, schema)
     reward = reward_settings(stage_cfg, cfg, schema)
     engine = cfg.engine_settings_of(stage)
     if write:

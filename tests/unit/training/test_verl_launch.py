@@ -352,3 +352,18 @@ def test_a_prompt_longer_than_max_prompt_length_is_refused_before_launch(tmp_pat
     with pytest.raises(ConfigError, match=r"papo_rl.verl.max_prompt_length 24: \d+ of \d+ prompts are longer"):
         prepare_launch("papo_rl", cfg, _model_dir(tmp_path), problems, tmp_path / "verl")
     assert not (tmp_path / "verl" / "train.parquet").exists()
+
+
+def test_a_parallel_job_from_a_model_without_the_schemas_tags_is_refused_before_launch(tmp_path, in_repo):
+    """Found by a real run: every sample of a Parallel-R1 job from a model without Parallel-R1's single-token
+    tags failed in its agent loop, after Ray and the trainer had started."""
+    from components.models.loading import save_model
+    from components.models.tiny import tiny_test_world
+    from components.training.verl.launch import prepare_launch
+
+    cfg = load_config(profile="qwen3-4b")
+    problems = _problems_dir(tmp_path, n_train=8, n_test=40)
+    model, tok = tiny_test_world(seed=0, schema_name="npr")  # NPR's tags only
+    path = save_model(model, tok, tmp_path / "npr-only")
+    with pytest.raises(ConfigError, match="cannot decode the 'parallel_r1' schema natively in parallel"):
+        prepare_launch("pr1_rl", cfg, path, problems, tmp_path / "verl", train_problems=[{"id": "p", "problem": "1+1", "answer": "2"}])
