@@ -80,6 +80,11 @@ class VerlSettings(StrictModel):
     # TransferQueue's storage units (verl's default 8 is for clusters; each is a Ray actor, and on a
     # machine with few CPUs eight of them stalled the job).
     storage_units: int = Field(8, ge=1)
+    # The dtype FSDP computes the actor in (mixed_precision.param_dtype; gradients reduce in fp32). bf16 is
+    # verl's default for GPUs; the CPU jobs use fp32, where a batch summed in another order (verl orders a
+    # step's samples by random uids) moves a step by rounding only, so a resumed job reproduces the
+    # uninterrupted one (in bf16 the same step's gradient norm differed by 2%).
+    param_dtype: Literal["bf16", "fp32"] = "bf16"
     # Helper processes of the job (verl's defaults, 8 each, are for GPU nodes with many cores): agent-loop
     # workers (rollout.agent.num_workers), reward-loop workers (reward.num_workers), dataloader workers
     # (data.dataloader_num_workers; 0 = in the trainer's process).

@@ -220,10 +220,30 @@ def test_a_killed_verl_stage_resumes_and_reports_the_uninterrupted_run(repo: Pat
 
     resumed = _run_stage(other, stage)
     assert resumed["attempts"] == 2 and resumed["resumed_from_step"] == 1
-    # every step of the run is reported once, as the uninterrupted run reported it
-    assert [_untimed(r) for r in _records(other, stage)] == [_untimed(r) for r in _records(repo, stage)]
+    # every step of the run is reported once, as the uninterrupted run reported it: the same rollouts, rewards
+    # and held-out results; the actor's numbers to fp32 rounding (verl orders a step's samples by random uids)
+    _assert_same(
+        [_untimed(r) for r in _records(other, stage)], [_untimed(r) for r in _records(repo, stage)], "records"
+    )
     for key in ("steps", "final/accuracy", "final/format_valid", "evals", "train/rollouts_generated", "reward/mean"):
-        assert resumed[key] == uninterrupted[key], key
+        _assert_same(resumed[key], uninterrupted[key], key)
     a = load_file(str(repo / "artifacts" / stage / "model" / "model.safetensors"))
     b = load_file(str(other / "artifacts" / stage / "model" / "model.safetensors"))
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    # bf16 outputs of fp32 weights equal to rounding: at most one bf16 step apart
+    assert all(torch.allclose(a[k].float(), b[k].float(), rtol=2**-7, atol=1e-6) for k in a)
+
+
+def _assert_same(a, b, where: str) -> None:
+    """Equal, floats to fp32 rounding of a step (relative 1e-4)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        assert set(a) == set(b), (where, set(a) ^ set(b))
+        for k in a:
+            _assert_same(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, list) and isinstance(b, list):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _assert_same(x, y, f"{where}[{i}]")
+    elif isinstance(a, float) and isinstance(b, float):
+        assert math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-6), (where, a, b)
+    else:
+        assert a == b, (where, a, b)
