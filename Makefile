@@ -7,11 +7,10 @@ BIN := $(abspath $(VENV)/bin)
 export PATH := $(BIN):$(PATH)
 # The CPU environment, locked (`make lock` writes it from pyproject.toml; docs/architecture.md, "Environment").
 LOCK := requirements.lock
-# A local CPU torch wheel (when the machine has one) keeps pip from pulling a multi-GB CUDA build. Where
-# there is none, the same CPU build comes from PyTorch's CPU index: pip installs it only if its bytes have the
-# hash the lock records.
+# A local CPU torch wheel (when the machine has one) keeps a multi-GB CUDA build out. Where there is none, the
+# same CPU build comes from PyTorch's CPU index: a file is installed only if its sha256 is the lock's.
 WHEELS ?= $(wildcard /opt/wheels)
-PIP_FLAGS := $(if $(WHEELS),--find-links $(WHEELS),--extra-index-url https://download.pytorch.org/whl/cpu)
+SOURCES := $(if $(WHEELS),--find-links $(WHEELS),--extra-index-url https://download.pytorch.org/whl/cpu --index-strategy unsafe-best-match)
 export DO_NOT_TRACK=1
 export PREFECT_SERVER_ANALYTICS_ENABLED=false
 export DVC_NO_ANALYTICS=1
@@ -25,13 +24,15 @@ PROFILE ?= tiny
 .PHONY: install lock run test lint bench clean
 
 # Exactly the locked versions: the lock must match pyproject.toml and this Python (else one line saying
-# what to run), pip installs its pins with their hashes and no resolver, then the project itself with the
-# locked build backend, and `verify` checks that the result is the lock.
+# what to run); uv (the lock's own, hash-checked) syncs the venv to the lock (every pin by its hashes, no
+# resolver, anything else removed), installs the project itself with the locked build backend, and
+# `verify` checks that the result is the lock.
 $(VENV)/.installed: pyproject.toml $(LOCK)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m components.envlock check --target cpu
-	$(PY) -m pip install -q $(PIP_FLAGS) --require-hashes --no-deps -r $(LOCK)
-	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
+	test -x $(BIN)/uv || $(PY) -m pip install -q --require-hashes --no-deps -r <($(PY) -m components.envlock entry uv --target cpu)
+	$(BIN)/uv pip sync -q --python $(PY) --require-hashes $(SOURCES) $(LOCK)
+	$(BIN)/uv pip install -q --python $(PY) --no-deps --no-build-isolation -e .
 	$(PY) -m components.envlock verify --target cpu
 	$(BIN)/npr plots template
 	touch $@

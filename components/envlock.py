@@ -9,7 +9,8 @@ header records a digest of those inputs, so a changed dependency is caught befor
 - ``stale(target)``: why a lock no longer matches its inputs (None when it does).
 - ``environment()``: which lock this process runs in, that file's sha256, and what differs from it; every
   stage records it in its provenance next to the prompt hash (``components.stages.run_stage``).
-- ``python -m components.envlock check|verify|lock|pin``: the Makefile's and the Dockerfile's entry points.
+- ``python -m components.envlock check|verify|lock|pin|entry``: the Makefile's and the Dockerfile's entry
+  points.
 
 Importing this module needs only the standard library: ``check`` runs in a fresh venv before anything is
 installed. ``packaging`` (installed with the lock) is imported where pins are read.
@@ -133,6 +134,19 @@ def read_pins(path: Path, applicable_only: bool = True) -> dict[str, str]:
             continue
         pins[normalize(name)] = version
     return pins
+
+
+def entry(path: Path, name: str) -> str:
+    """The lock's lines for one package (its pin and hash lines), as a requirements file of one entry."""
+    lines = path.read_text().splitlines()
+    for i, line in enumerate(lines):
+        match = PIN_LINE.match(line)
+        if match and normalize(match.group(1)) == normalize(name):
+            out = [line]
+            while out[-1].endswith("\\") and i + len(out) < len(lines):
+                out.append(lines[i + len(out)])
+            return "\n".join(out) + "\n"
+    raise LockError(f"{path.name} does not lock {name}")
 
 
 def installed() -> dict[str, str]:
@@ -302,12 +316,18 @@ def main(argv: Sequence[str] | None = None, root: Path = ROOT) -> int:
     lock.add_argument("--target")
     pin = sub.add_parser("pin", help="print the dev extra's exact requirement on a package")
     pin.add_argument("package")
+    one = sub.add_parser("entry", help="print a target's locked entry (pin and hashes) for one package")
+    one.add_argument("package")
+    one.add_argument("--target", required=True)
     args, uv_args = parser.parse_known_args(argv)
     if uv_args and args.command != "lock":
         parser.error(f"unrecognized arguments: {' '.join(uv_args)}")
     try:
         if args.command == "pin":
             print(dev_pin(args.package, root))
+            return 0
+        if args.command == "entry":
+            print(entry(target(args.target, root).output, args.package), end="")
             return 0
         chosen = [target(args.target, root)] if args.target else list(targets(root).values())
         if args.command == "check":
