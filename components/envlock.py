@@ -2,9 +2,10 @@
 
 A target is a ``[tool.npr.lock.<name>]`` table: ``cpu`` is ``requirements.lock`` (what ``make install``
 installs), ``gpu`` is ``infra/gpu/requirements.txt`` (what the GPU image installs on its base). Each is the
-project's ``[project] dependencies`` (plus the table's extras, replacements, requirements, constraints and
-overrides) resolved by uv for the target's own Python and platform, every package pinned with its hashes. A lock's
-header records a digest of those inputs, so a changed dependency is caught before anything installs.
+project's ``[project] dependencies`` (plus the table's extras, replacements, requirements, constraints
+and overrides) resolved by uv for the target's own Python and platform, every package pinned with its
+hashes. A lock's header records a digest of those inputs, so a changed dependency is caught before anything
+installs.
 
 - ``stale(target)``: why a lock no longer matches its inputs (None when it does).
 - ``environment()``: which lock this process runs in, that file's sha256, and what differs from it; every
@@ -155,7 +156,7 @@ def installed() -> dict[str, str]:
     out: dict[str, str] = {}
     for dist in metadata.distributions():
         # the two header fields, read directly: dist.metadata parses each whole file as an email message
-        # (0.7 s for this project's ~290 distributions, against ~0.05 s)
+        # (measured here for the ~285 distributions: 0.7 s, against 0.14 s this way)
         head = (dist.read_text("METADATA") or dist.read_text("PKG-INFO") or "").split("\n\n", 1)[0]
         fields = dict(re.findall(r"^(Name|Version):[ \t]*(.+?)\s*$", head, re.M))
         if "Name" in fields and "Version" in fields:
@@ -178,41 +179,40 @@ def differences(pins: dict[str, str], have: dict[str, str]) -> list[str]:
     return out
 
 
-def environment(root: Path = ROOT) -> dict[str, Any]:
-    """The lock this process's environment was installed from: the target whose pins it matches best, the
-    lock file's sha256, and what differs (``mismatched``: locked packages missing or at another version;
-    ``unlocked``: installed packages the lock does not name, the project itself aside; on the GPU image
-    those are the base image's own)."""
+def compare(tgt: Target, have: dict[str, str], root: Path = ROOT) -> dict[str, Any]:
+    """The target's lock against installed distributions ``have``: its name and sha256, ``mismatched``
+    (locked packages missing or at another version) and ``unlocked`` (installed packages it does not name,
+    the project itself aside; on the GPU image those are the base image's own)."""
+    pins = read_pins(tgt.output)
+    mismatched = differences(pins, have)
     own = normalize(_project(root)["project"]["name"])
+    return {
+        "lock": str(tgt.output.relative_to(root)),
+        "lock_sha256": file_sha256(tgt.output),
+        "matches": not mismatched,
+        "mismatched": mismatched,
+        "unlocked": sorted(set(have) - set(pins) - {own}),
+    }
+
+
+def environment(root: Path = ROOT) -> dict[str, Any]:
+    """The lock this process's environment was installed from: ``compare`` for the target it matches best
+    (fewest mismatched packages)."""
+    if not (root / "pyproject.toml").exists():  # code installed without its checkout: no lock to name
+        return {"lock": None, "matches": False}
     have = installed()
-    best: dict[str, Any] | None = None
-    for tgt in targets(root).values():
-        if not tgt.output.exists():
-            continue
-        pins = read_pins(tgt.output)
-        mismatched = differences(pins, have)
-        if best is None or len(mismatched) < len(best["mismatched"]):
-            best = {
-                "lock": str(tgt.output.relative_to(root)),
-                "lock_sha256": file_sha256(tgt.output),
-                "matches": not mismatched,
-                "mismatched": mismatched,
-                "unlocked": sorted(set(have) - set(pins) - {own}),
-            }
-    return best or {"lock": None, "matches": False}
+    found = [compare(t, have, root) for t in targets(root).values() if t.output.exists()]
+    return min(found, key=lambda c: len(c["mismatched"])) if found else {"lock": None, "matches": False}
 
 
 def verify(tgt: Target, root: Path = ROOT) -> list[str]:
     """Raise when this environment is not the target's lock; returns the unlocked packages (a warning)."""
-    env_pins = read_pins(tgt.output)
-    have = installed()
-    mismatched = differences(env_pins, have)
+    result = compare(tgt, installed(), root)
+    mismatched = result["mismatched"]
     if mismatched:
-        shown = "; ".join(mismatched[:8]) + (
-            f"; and {len(mismatched) - 8} more" if len(mismatched) > 8 else ""
-        )
-        raise LockError(f"this environment is not {tgt.output.relative_to(root)}: {shown}")
-    return sorted(set(have) - set(env_pins) - {normalize(_project(root)["project"]["name"])})
+        more = f"; and {len(mismatched) - 8} more" if len(mismatched) > 8 else ""
+        raise LockError(f"this environment is not {result['lock']}: {'; '.join(mismatched[:8])}{more}")
+    return result["unlocked"]
 
 
 def check_interpreter(tgt: Target) -> None:

@@ -175,6 +175,8 @@ def test_environment_names_the_best_matching_lock_and_what_differs(tmp_path: Pat
     )
     (root / "requirements.lock").unlink()
     assert envlock.environment(root) == {"lock": None, "matches": False}
+    (root / "pyproject.toml").unlink()
+    assert envlock.environment(root) == {"lock": None, "matches": False}
 
 
 def test_every_stage_records_the_lock_and_its_hash_next_to_the_prompt_hash(
