@@ -1,12 +1,16 @@
 # Two commands for a fresh machine: `make run` (whole tiny pipeline) and `make test`.
 SHELL := /bin/bash
 VENV ?= .venv
+PYTHON ?= python3
 PY := $(VENV)/bin/python
 BIN := $(abspath $(VENV)/bin)
 export PATH := $(BIN):$(PATH)
-# A local CPU torch wheel (when the machine has one) keeps pip from pulling a multi-GB CUDA build.
-WHEELS := $(wildcard /opt/wheels)
-PIP_FLAGS := $(if $(WHEELS),--find-links $(WHEELS),)
+# The CPU environment, locked (`make lock` writes it from pyproject.toml; docs/architecture.md, "Environment").
+LOCK := requirements.lock
+# A local CPU torch wheel (when the machine has one) keeps a multi-GB CUDA build out. Where there is none, the
+# same CPU build comes from PyTorch's CPU index: a file is installed only if its sha256 is the lock's.
+WHEELS ?= $(wildcard /opt/wheels)
+SOURCES := $(if $(WHEELS),--find-links $(WHEELS),--extra-index-url https://download.pytorch.org/whl/cpu --index-strategy unsafe-best-match)
 export DO_NOT_TRACK=1
 export PREFECT_SERVER_ANALYTICS_ENABLED=false
 export DVC_NO_ANALYTICS=1
@@ -17,16 +21,32 @@ export WANDB_MODE ?= offline
 export TOKENIZERS_PARALLELISM=false
 PROFILE ?= tiny
 
-.PHONY: install run test lint bench clean
+.PHONY: install lock run test lint bench clean
 
-$(VENV)/.installed: pyproject.toml
-	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q $(PIP_FLAGS) -e '.[dev]'
+# Exactly the locked versions: the lock must match pyproject.toml and this Python (else one line saying
+# what to run); uv (the lock's own, hash-checked) syncs the venv to the lock (every pin by its hashes, no
+# resolver, anything else removed), installs the project itself with the locked build backend, and
+# `verify` checks that the result is the lock.
+$(VENV)/.installed: pyproject.toml $(LOCK)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m components.envlock check --target cpu
+	test -x $(BIN)/uv || $(PY) -m pip install -q --require-hashes --no-deps -r <($(PY) -m components.envlock entry uv --target cpu)
+	$(BIN)/uv pip sync -q --python $(PY) --require-hashes $(SOURCES) $(LOCK)
+	$(BIN)/uv pip install -q --python $(PY) --no-deps --no-build-isolation -e .
+	$(PY) -m components.envlock verify --target cpu
 	$(BIN)/npr plots template
 	touch $@
 
 install: $(VENV)/.installed
+
+# Re-resolve both locked environments (requirements.lock and the GPU image's infra/gpu/requirements.txt)
+# after a change to pyproject.toml's dependencies or its [tool.npr.lock.*] tables. Needs the package
+# registry; the committed locks are the preferences, so only the pins the change forces move. Pass uv
+# options through UV_ARGS (UV_ARGS='--upgrade-package rich').
+lock:
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	test -x $(BIN)/uv || $(PY) -m pip install -q "$$($(PY) -m components.envlock pin uv)"
+	$(PY) -m components.envlock lock $(if $(WHEELS),--find-links $(WHEELS),) $(UV_ARGS)
 
 run: install
 	$(BIN)/npr data fetch

@@ -2,9 +2,10 @@
 
 ``run_stage`` is the only caller: it resolves the stage's paths from dvc.yaml, applies the run-wide
 settings, opens the stage's W&B run, calls ``run`` and writes what the stage reports: ``metrics.json``
-(everything it returned, with the provenance every run records), the flat DVC metrics file and the training
-curves (``components.reporting``); then it logs to W&B the flat metrics, the rejection categories and
-references to the datasets and checkpoints the stage consumed and produced.
+(everything it returned, with the provenance every run records: profile, prompt hash, the lock the
+environment was installed from and its sha256, Python, threads), the flat DVC metrics file and the
+training curves (``components.reporting``); then it logs to W&B the flat metrics, the rejection categories
+and references to the datasets and checkpoints the stage consumed and produced.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from components.artifacts import prepare_work_dir, write_json
 from components.config import PipelineConfig
 from components.dag import StageIO, stage_io
 from components.env import torch_threads
+from components.envlock import environment
 from components.fingerprint import work_fingerprint
 from components.prompts import prompt_fingerprint
 from components.training.distributed import is_main_process
@@ -77,6 +79,8 @@ def run_stage(name: str, cfg: PipelineConfig, io: StageIO | None = None) -> dict
             "stage": name,
             "profile": cfg.profile,
             "prompt": prompt_fingerprint(cfg.prompts),
+            # the lock the installed packages came from (its sha256) and anything that differs from it
+            "environment": environment(),
             "python": platform.python_version(),
             "torch_threads": threads,
         }

@@ -1,7 +1,8 @@
-"""The GPU image builds from what it names: its requirements resolve (pip's resolver against the package
-registry, for the image's Python), its base carries the CUDA the resolved torch is built for, the one
-transformers override is the one requirements.txt documents, and the build context leaves environments,
-outputs and secrets out. Skipped, with the reason, where the registry or a Python 3.12 is not reachable."""
+"""The GPU image builds from what it names: its requirements are what `make lock` writes from pyproject.toml
+(uv rerun here, for both locks), pip's own resolver finds that set closed and consistent with sglang's
+requirements for the image's Python, its base carries the CUDA the locked torch is built for, the one
+transformers override is the one pyproject.toml documents, and the build context leaves environments,
+outputs and secrets out. Skipped, with the reason, where the registry, uv or a Python 3.12 is not there."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
+
+from components import envlock
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -44,21 +47,19 @@ def _base_image() -> str:
     return match.group(1)
 
 
-def _pins(lines: list[str]) -> dict[str, str]:
-    out = {}
-    for line in lines:
-        line = line.split("#", 1)[0].strip()
-        if not line:
-            continue
-        req = Requirement(line)
-        exact = [s.version for s in req.specifier if s.operator == "=="]
-        if exact:
-            out[req.name.lower()] = exact[0]
-    return out
+def _image_pins() -> dict[str, str]:
+    return envlock.read_pins(GPU / "requirements.txt", applicable_only=False)
 
 
-def _requirements() -> list[str]:
-    return [ln for ln in (GPU / "requirements.txt").read_text().splitlines() if ln.split("#", 1)[0].strip()]
+def _image_pin_lines() -> list[str]:
+    """``name==version ; marker`` of each locked package the image installs (hashes left out)."""
+    lines = []
+    for line in (GPU / "requirements.txt").read_text().splitlines():
+        match = envlock.PIN_LINE.match(line)
+        if match:
+            name, version, marker = match.groups()
+            lines.append(f"{name}=={version}" + (f" ; {marker}" if marker else ""))
+    return lines
 
 
 def _pypi_reachable() -> bool:
@@ -140,20 +141,29 @@ def test_requirements_resolve_with_sglangs_own_and_match_the_base_cuda(image_pip
     sglang_reqs = [Requirement(r) for r in sglang_meta["install"][0]["metadata"]["requires_dist"]]
     sglang_reqs = [r for r in sglang_reqs if not r.marker or r.marker.evaluate(IMAGE_ENVIRONMENT)]
     overridden = [r for r in sglang_reqs if r.name == "transformers"]
-    assert [str(r.specifier) for r in overridden] == ["==5.6.0"]  # the override requirements.txt explains
+    assert [str(r.specifier) for r in overridden] == ["==5.6.0"]  # the override pyproject.toml explains
     others = [
         str(Requirement(f"{r.name}{'[' + ','.join(sorted(r.extras)) + ']' if r.extras else ''}{r.specifier}"))
         for r in sglang_reqs
         if r.name != "transformers"
     ]
     (tmp_path / "sglang-reqs.txt").write_text("\n".join(others) + "\n")
-    # one resolution of both: a solution of the union is one of requirements.txt alone
+    # the lock without sglang itself (the base's: its transformers pin is the override), plus sglang's other
+    # requirements: one resolution by pip's resolver, which must add nothing and move nothing
+    ours = [ln for ln in _image_pin_lines() if not ln.startswith("sglang==")]
+    (tmp_path / "image.txt").write_text("\n".join(ours) + "\n")
     report = _dry_run(
         image_pip,
-        ["-r", str(GPU / "requirements.txt"), "-r", str(tmp_path / "sglang-reqs.txt")],
+        ["-r", str(tmp_path / "image.txt"), "-r", str(tmp_path / "sglang-reqs.txt")],
         tmp_path / "all.json",
     )
-    resolved = {i["metadata"]["name"].lower(): i["metadata"]["version"] for i in report["install"]}
+    resolved = {envlock.normalize(i["metadata"]["name"]): i["metadata"]["version"] for i in report["install"]}
+    expected = {}
+    for line in ours:
+        req = Requirement(line)
+        if req.marker is None or req.marker.evaluate(IMAGE_ENVIRONMENT):
+            expected[envlock.normalize(req.name)] = next(iter(req.specifier)).version
+    assert resolved == expected
     assert resolved["torch"] == "2.11.0"
     # PyPI's torch 2.11.0 is a CUDA 13.0 build: its CUDA runtime is what the cu130 base provides
     assert resolved["nvidia-cuda-runtime"].startswith("13.0"), resolved.get("nvidia-cuda-runtime")
@@ -161,18 +171,30 @@ def test_requirements_resolve_with_sglangs_own_and_match_the_base_cuda(image_pip
     verl_transformers = next(r for r in verl_extra if r.name == "transformers" and not r.marker)
     assert verl_transformers.specifier.contains(transformers) and transformers != "5.6.0"
     assert resolved["verl"] == metadata.version("verl")
+    assert resolved["transferqueue"] == metadata.version("TransferQueue")
+    assert _image_pins()["sglang"] == sglang_version
 
 
-def test_shared_pins_equal_the_cpu_sets():
-    """Orchestration, storage and tracking run in both environments: the same versions."""
-    pyproject = (ROOT / "pyproject.toml").read_text()
-    deps = re.search(r"^dependencies = \[(.*?)^\]", pyproject, re.S | re.M).group(1)
-    cpu = _pins([m.group(1) for m in re.finditer(r'"([^"]+)"', deps)])
-    gpu = _pins(_requirements())
-    shared = sorted((set(cpu) & set(gpu)) - {"torch", "transformers"})
-    assert {"prefect", "dvc", "wandb", "verl", "datasets", "boto3"} <= set(shared)
-    assert {k: gpu[k] for k in shared} == {k: cpu[k] for k in shared}
-    assert gpu["torch"] != cpu["torch"]  # the GPU set keeps the base image's CUDA torch
+@pytest.mark.parametrize("name", ["gpu", "cpu"])
+def test_make_lock_writes_what_is_committed(name: str, tmp_path: Path) -> None:
+    """uv, rerun on today's registry with the committed lock as its preference, changes no pin: the lock
+    is the resolution of pyproject.toml's inputs for its platform, not a hand-kept list."""
+    if not _pypi_reachable():
+        pytest.skip("the package registry (pypi.org) is not reachable: cannot rerun the resolver")
+    try:
+        envlock._uv()
+    except envlock.LockError as err:
+        pytest.skip(str(err))
+    tgt = envlock.target(name, ROOT)
+    uv_args: list[str] = []
+    if name == "cpu":  # the CPU torch build is the local wheel (pyproject.toml's [tool.npr.lock.cpu])
+        if not Path("/opt/wheels").is_dir():
+            pytest.skip("no /opt/wheels here: the CPU lock's torch build cannot be resolved")
+        uv_args = ["--find-links", "/opt/wheels"]
+    out = tmp_path / tgt.output.name
+    envlock.compile_target(tgt, out, uv_args, ROOT)
+    assert envlock.read_pins(out, False) == envlock.read_pins(tgt.output, False)
+    assert envlock.recorded_digest(out) == envlock.recorded_digest(tgt.output) == envlock.input_digest(tgt)
 
 
 def test_image_needs_no_download_at_run_time_and_keeps_state_out():
@@ -210,4 +232,5 @@ def test_the_training_stack_imports_where_it_is_installed():
         text=True,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.strip() == _pins(_requirements())["verl"]
+    cpu_verl = envlock.read_pins(ROOT / "requirements.lock")["verl"]
+    assert proc.stdout.strip() == _image_pins()["verl"] == cpu_verl

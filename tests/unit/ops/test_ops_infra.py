@@ -102,14 +102,11 @@ def test_one_image_name_everywhere() -> None:
 
 
 def test_gpu_requirements_follow_verls_sglang_extra() -> None:
-    """Every pin of verl[sglang] is met by the image: requirements.txt, or its SGLang base (sglang and the
-    torch audio/vision builds it ships; tests/integration/ops/test_gpu_image.py resolves both)."""
-    pins = {}
-    for line in (INFRA / "gpu" / "requirements.txt").read_text().splitlines():
-        line = line.split("#")[0].strip()
-        if "==" in line:
-            name, version = line.split("==")
-            pins[re.sub(r"\[.*\]", "", name).lower()] = version
+    """Every pin of verl[sglang] is met by the image: its lock, requirements.txt, or its SGLang base (the
+    torch audio build it ships; tests/integration/ops/test_gpu_image.py resolves both)."""
+    from components.envlock import read_pins
+
+    pins = read_pins(INFRA / "gpu" / "requirements.txt", applicable_only=False)
     base = re.search(
         r"^FROM lmsysorg/sglang:v(\S+)-cu(\d+)", (INFRA / "gpu" / "Dockerfile").read_text(), re.M
     )
