@@ -79,7 +79,13 @@ def dataset_row(problem: dict, cfg, split: str = "train", session: int = 0) -> d
         "raw_prompt": chat_messages(problem["problem"], cfg.prompts, "parallel"),
         "data_source": "synthetic",
         "reward_model": {"style": "rule", "ground_truth": str(problem["answer"])},
-        "extra_info": {"id": problem["id"], "split": split, **reward_settings(cfg.papo_rl, cfg)},
+        # held_out marks verl's validation set, as write_verl_parquet writes it
+        "extra_info": {
+            "id": problem["id"],
+            "split": split,
+            "held_out": split != "train",
+            **reward_settings(cfg.papo_rl, cfg),
+        },
         "uid": problem["id"],
         "session_id": session,
         "global_steps": 1,
@@ -202,6 +208,7 @@ def test_parallel_r1_rollouts_fork_at_parallel_into_the_paths_the_row_asks_for(w
             "extra_info": {
                 "id": problem["id"],
                 "split": "test",
+                "held_out": True,
                 **settings,
                 "generation": {"paths": 3, "max_step_tokens": 6},
             },

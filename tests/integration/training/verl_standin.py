@@ -2,8 +2,9 @@
 
 It takes the launcher's Hydra overrides, attaches to the Ray cluster named by ``RAY_ADDRESS`` as verl's
 driver does, has a Ray worker read the paths and environment a real trainer's workers would need, and
-writes a world-size-1 FSDP checkpoint of the starting model where verl writes its checkpoints, so verl's
-real model merger can turn it into the stage's output.
+writes one line per step where verl's file logger writes (``VERL_FILE_LOGGER_PATH``, the format of
+``verl.utils.tracking.FileLogger``) and a world-size-1 FSDP checkpoint of the starting model where verl
+writes its checkpoints, so the stage's report and verl's real model merger read what a real job leaves.
 """
 
 from __future__ import annotations
@@ -46,6 +47,10 @@ def main(argv: list[str]) -> int:
         probe.remote(ov["actor_rollout_ref.model.path"], ov["data.train_files"], ov["data.val_files"])
     )
     found["driver_pid"] = os.getpid()
+    steps = int(ov["trainer.total_training_steps"])
+    with open(os.environ["VERL_FILE_LOGGER_PATH"], "w", encoding="utf-8") as log:
+        for step in range(1, steps + 1):  # the stand-in trains nothing: a zero score, as in verl's log format
+            log.write(json.dumps({"step": step, "data": {"critic/score/mean": 0.0, "timing_s/step": 0.1}}) + "\n")
     checkpoints = Path(ov["trainer.default_local_dir"])
     actor = checkpoints / f"global_step_{ov['trainer.total_training_steps']}" / "actor"
     (actor / "huggingface").mkdir(parents=True, exist_ok=True)
