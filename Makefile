@@ -56,7 +56,7 @@ lint: install
 	$(BIN)/ruff check components flows tests benchmarks
 
 test: lint
-	$(BIN)/pytest -q -p no:cacheprovider --timeout=1500 tests
+	$(BIN)/pytest -q -p no:cacheprovider --timeout=1500 --durations=30 tests
 
 bench: install
 	for f in benchmarks/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done

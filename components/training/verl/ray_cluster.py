@@ -82,6 +82,9 @@ def forwarded_env(environ: dict[str, str] | None = None) -> dict[str, str]:
     }
 
 
+RAY_STARTED = "Ray runtime started."  # what ``ray start`` prints when the head is up (ray/scripts/scripts.py)
+
+
 @dataclass
 class RayHead:
     """A Ray head this process started (``ray start --head --block`` in its own process group)."""
@@ -93,6 +96,7 @@ class RayHead:
     process: subprocess.Popen | None = None
     env: dict[str, str] = field(default_factory=dict)
     owns_temp_dir: bool = False  # removed when the head stops (it was made for it)
+    dashboard: bool = True  # the dashboard and job API run (they start about ten more processes)
 
     @property
     def address(self) -> str:
@@ -113,10 +117,12 @@ class RayHead:
         temp_dir: Path | None = None,
         env: dict[str, str] | None = None,
         timeout_s: float = HEAD_START_TIMEOUT_S,
+        dashboard: bool = True,
     ) -> RayHead:
         """Start a head on ``host`` with every port chosen free (two heads on one machine never collide),
-        wait until its job API answers, and return it. ``env``: the head's environment (inherited by
-        every worker); Ray's token authentication is on, with its ``RAY_AUTH_TOKEN`` or a fresh random one."""
+        wait until it is up (its job API answers; without the dashboard, ``ray start`` has reported the
+        runtime started), and return it. ``env``: the head's environment (inherited by every worker); Ray's
+        token authentication is on, with its ``RAY_AUTH_TOKEN`` or a fresh random one."""
         env = dict(os.environ if env is None else env)
         # Token auth always (never an open job API, even on loopback): the given token, else a fresh random
         # one for this head alone, which its driver gets through ``head.env``.
@@ -127,7 +133,9 @@ class RayHead:
         owned = temp_dir is None
         temp_dir = Path(temp_dir or tempfile.mkdtemp(prefix="npr-ray-"))
         temp_dir.mkdir(parents=True, exist_ok=True)
-        head = cls(host, free_port(host), free_port(host), temp_dir, env=env, owns_temp_dir=owned)
+        head = cls(
+            host, free_port(host), free_port(host), temp_dir, env=env, owns_temp_dir=owned, dashboard=dashboard
+        )
         ports = {
             "--port": head.gcs_port,
             "--dashboard-port": head.dashboard_port,
@@ -149,7 +157,7 @@ class RayHead:
             "--dashboard-host",
             host,
             "--include-dashboard",
-            "true",
+            "true" if dashboard else "false",
             "--disable-usage-stats",
             "--temp-dir",
             str(temp_dir),
@@ -184,6 +192,10 @@ class RayHead:
         )
 
     def healthy(self) -> bool:
+        if not self.dashboard:
+            # no job API to ask: ``ray start --block`` logs this line once GCS and the raylet are up
+            log = self.temp_dir / "head.log"
+            return log.exists() and RAY_STARTED in log.read_text(encoding="utf-8", errors="replace")
         request = urllib.request.Request(f"{self.dashboard_url}/api/version")
         token = self.env.get("RAY_AUTH_TOKEN")
         if not token and self.env.get("RAY_AUTH_TOKEN_PATH"):

@@ -140,7 +140,9 @@ def run_verl_stage(
     if inside:
         returncode = ray_cluster.run_driver(argv, "auto", env, log)
     else:
-        with ray_cluster.RayHead.start(v.ray_head_host, env=env, **head_resources(v)) as head:
+        with ray_cluster.RayHead.start(
+            v.ray_head_host, env=env, dashboard=v.ray_dashboard, **head_resources(v)
+        ) as head:
             returncode = ray_cluster.run_driver(argv, head.address, head.env, log)
     if returncode != 0:
         raise VerlJobError(

@@ -8,9 +8,11 @@ the reward loop with our tag-keeping manager, verl's FSDP engine (the NPR actor 
 gloo, the torch rollout server receiving the trainer's weights after every step, checkpoints, and verl's
 model merger into the stage's output. Nothing is stood in for.
 
-Two steps each, tiny batches (about one to three minutes a job on 2 cores). ``npr_zero`` and ``papo_rl``
-are also killed (SIGKILL) after their step-1 checkpoint and rerun: the rerun resumes from it and reports
-what the uninterrupted run reported, step by step.
+Two steps each, tiny batches (about three to four minutes a job on 2 cores, most of it verl starting its
+Ray workers). ``npr_zero`` and ``papo_rl`` are also killed (SIGKILL) after their step-1 checkpoint and
+rerun: the rerun resumes from it and reports what the uninterrupted run reported, step by step.
+Jobs run two at a time, each with its own Ray head (a job leaves one of the two cores mostly idle while
+its workers start), which also shows that two stages' heads on one machine do not collide.
 """
 
 from __future__ import annotations
@@ -102,19 +104,35 @@ def _env(root: Path) -> dict[str, str]:
     return env
 
 
+def _stage_log(root: Path, stage: str) -> Path:
+    return root / f"npr-stage-{stage}.log"
+
+
 def _npr_stage(root: Path, stage: str, **popen: object) -> subprocess.Popen:
+    """``npr stage STAGE`` in ``root``, its output in a file (two jobs side by side never block on a pipe)."""
     npr = Path(sys.executable).with_name("npr")
+    log = _stage_log(root, stage).open("w")
     return subprocess.Popen(
-        [str(npr), "stage", stage], cwd=root, env=_env(root), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, **popen,
+        [str(npr), "stage", stage], cwd=root, env=_env(root), stdout=log, stderr=subprocess.STDOUT, **popen
     )
 
 
-def _run_stage(root: Path, stage: str) -> dict:
-    proc = _npr_stage(root, stage)
-    out, _ = proc.communicate(timeout=TIMEOUT_S)
-    assert proc.returncode == 0, out[-6000:]
+def _tail(root: Path, stage: str) -> str:
+    return _stage_log(root, stage).read_text(errors="replace")[-6000:]
+
+
+def _finish(root: Path, stage: str, proc: subprocess.Popen) -> dict:
+    try:
+        proc.wait(timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError(f"{stage} did not finish within {TIMEOUT_S} s:\n{_tail(root, stage)}") from None
+    assert proc.returncode == 0, _tail(root, stage)
     return json.loads((root / "artifacts" / stage / "metrics.json").read_text())
+
+
+def _run_stage(root: Path, stage: str) -> dict:
+    return _finish(root, stage, _npr_stage(root, stage))
 
 
 def _records(root: Path, stage: str) -> list[dict]:
@@ -122,8 +140,9 @@ def _records(root: Path, stage: str) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def _ray_processes() -> set[int]:
-    """Ray heads, raylets and verl drivers on this machine (pids)."""
+def _ray_processes(root: Path | None = None) -> set[int]:
+    """Ray heads, raylets and verl drivers on this machine (pids); with ``root``, only those of the stages
+    run in that repo (they inherit its ``WANDB_DIR``, which ``_env`` makes unique to the repo)."""
     out = set()
     for p in psutil.process_iter(["cmdline"]):
         cmd = p.info["cmdline"] or []
@@ -134,15 +153,22 @@ def _ray_processes() -> set[int]:
             or any(Path(c).name in ("gcs_server", "raylet") for c in cmd[:1])
             or ("-m" in cmd and "verl.trainer.main_ppo" in cmd)
         ):
+            if root is not None:
+                try:
+                    if p.environ().get("WANDB_DIR") != str(root / "wandb"):
+                        continue
+                except (psutil.NoSuchProcess, psutil.AccessDenied):
+                    continue
             out.add(p.pid)
     return out
 
 
-def _left_behind(before: set[int], wait_s: float = 60.0) -> set[int]:
-    """The Ray and verl processes started since ``before`` that are still alive after ``wait_s``."""
+def _left_behind(before: set[int], wait_s: float = 60.0, root: Path | None = None) -> set[int]:
+    """The Ray and verl processes started since ``before`` (of ``root``'s stages, when given) that are still
+    alive after ``wait_s``."""
     deadline = time.monotonic() + wait_s
     while True:
-        new = {pid for pid in _ray_processes() - before if psutil.pid_exists(pid)}
+        new = {pid for pid in _ray_processes(root) - before if psutil.pid_exists(pid)}
         if not new or time.monotonic() > deadline:
             return new
         time.sleep(0.5)
@@ -177,14 +203,15 @@ def _assert_trained_through_verl(root: Path, stage: str, metrics: dict, before: 
     assert not _left_behind(before)
 
 
-@pytest.mark.parametrize("stage", ["sr_rl", "pr1_rl"])
-def test_an_rl_stage_trains_through_verls_main_ppo(repo: Path, stage: str) -> None:
+def test_the_sequential_and_parallel_r1_stages_train_through_verls_main_ppo(repo: Path) -> None:
     before = _ray_processes()
-    metrics = _run_stage(repo, stage)
-    _assert_trained_through_verl(repo, stage, metrics, before)
-    if stage == "pr1_rl":  # native parallel: the NPR actor and the npr_parallel agent loop, schema parallel_r1
-        overrides = (repo / "artifacts" / stage / "work" / "verl" / "verl_overrides.yaml").read_text()
-        assert "default_agent_loop=npr_parallel" in overrides and "NPR_SCHEMA: parallel_r1" in overrides
+    jobs = {stage: _npr_stage(repo, stage) for stage in ("sr_rl", "pr1_rl")}  # side by side, a head each
+    metrics = {stage: _finish(repo, stage, proc) for stage, proc in jobs.items()}
+    for stage in jobs:
+        _assert_trained_through_verl(repo, stage, metrics[stage], before)
+    # Parallel-R1 is native parallel: the NPR actor and the npr_parallel agent loop, schema parallel_r1
+    overrides = (repo / "artifacts" / "pr1_rl" / "work" / "verl" / "verl_overrides.yaml").read_text()
+    assert "default_agent_loop=npr_parallel" in overrides and "NPR_SCHEMA: parallel_r1" in overrides
 
 
 TIME_KEYS = ("timing_s/", "perf/", "verl/timing", "verl/perf", "verl/timing_per_token_ms", "verl/actor/perf")
@@ -200,7 +227,7 @@ def _wait_for_checkpoint(root: Path, stage: str, proc: subprocess.Popen, step: i
     while time.monotonic() < deadline:
         if tracker.exists() and tracker.read_text().strip() == str(step):
             return
-        assert proc.poll() is None, proc.stdout.read()[-6000:]
+        assert proc.poll() is None, _tail(root, stage)
         time.sleep(0.5)
     raise AssertionError(f"no step-{step} checkpoint within {TIMEOUT_S} s")
 
@@ -208,17 +235,18 @@ def _wait_for_checkpoint(root: Path, stage: str, proc: subprocess.Popen, step: i
 @pytest.mark.parametrize("stage", ["npr_zero", "papo_rl"])
 def test_a_killed_verl_stage_resumes_and_reports_the_uninterrupted_run(repo: Path, tmp_path: Path, stage: str) -> None:
     before = _ray_processes()
-    uninterrupted = _run_stage(repo, stage)
-    _assert_trained_through_verl(repo, stage, uninterrupted, before)
-
     other = _make_repo(tmp_path / "repo")
+    reference = _npr_stage(repo, stage)  # the uninterrupted run, beside the one that is killed
     proc = _npr_stage(other, stage, start_new_session=True)
     _wait_for_checkpoint(other, stage, proc, 1)
     os.killpg(proc.pid, signal.SIGKILL)  # the stage, with no chance to stop anything it started
     proc.wait(timeout=60)
-    assert not _left_behind(before), "a killed stage left Ray or verl's driver running"  # they follow it
+    # they follow it (the reference job's processes run on)
+    assert not _left_behind(before, root=other), "a killed stage left Ray or verl's driver running"
 
     resumed = _run_stage(other, stage)
+    uninterrupted = _finish(repo, stage, reference)
+    _assert_trained_through_verl(repo, stage, uninterrupted, before)
     assert resumed["attempts"] == 2 and resumed["resumed_from_step"] == 1
     # every step of the run is reported once, as the uninterrupted run reported it: the same rollouts, rewards
     # and held-out results; the actor's numbers to fp32 rounding (verl orders a step's samples by random uids)
