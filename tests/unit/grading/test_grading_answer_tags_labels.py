@@ -53,7 +53,8 @@ def test_an_unclosed_answer_tag_is_a_truncation(text: str) -> None:
 def test_thinking_box_never_wins_over_the_final_one_for_every_purpose() -> None:
     text = "<think>I guess \\boxed{B}, no wait</think> Final: \\boxed{C}"
     judgements = {
-        purpose: judge_many([text], ["C"], purpose=purpose)[0] for purpose in ("reward", "evaluation", "distill")
+        purpose: judge_many([text], ["C"], purpose=purpose)[0]
+        for purpose in ("reward", "evaluation", "distill")
     }
     assert all(j.correct and j.pred == "C" for j in judgements.values())
     assert not judge_many([text], ["B"], purpose="reward")[0].correct
