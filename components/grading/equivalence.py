@@ -16,11 +16,15 @@ Order of decision for one (pred, gold candidate):
    (a labelled prediction) or in order (an unlabelled one); an ordered tuple or interval when the gold is one group in
    parentheses or brackets (``(6,31,-1)``, ``(3,4]``: same order and brackets), else an "all solutions"
    answer compared as a set (``1,-2`` = ``-2, 1``; a bare list and ``\\{...\\}`` are sets);
-6. one side a plain number, the other an expression in free variables or a tuple / list / interval (a
-   comma) -> False (``number_vs_expression``);
+6. one side a plain number, the other an expression in free variables without a function (a polynomial or
+   rational expression: it equals no constant) or a tuple / list / interval (a comma) -> False
+   (``number_vs_expression``); a function of a variable (``\\sin^2 t + \\cos^2 t``) may be an identity and
+   goes on;
 7. otherwise math-verify ``verify(parse(gold), parse(pred))`` in the process pool (``math_verify``) on the
-   cleaned texts (``normalize.clean_answer``), with a per-pair deadline; a pair that times out or whose
-   worker dies is False with the reason.
+   cleaned texts (``normalize.clean_answer``), and when it says False the symbolic fallback
+   (``symbolic.symbolic_equal``: sympy simplification, plain/CAS notation too; its assumptions and refusals
+   are in that module), both under one per-pair deadline; a pair that times out or whose worker dies is
+   False with the reason.
 
 A list gold (Minerva, OlympiadBench) is any-of over its candidates. ``grade_many`` is the batch form RL and
 evaluation use: it decides what it can on the fast path, deduplicates the rest, and sends only that to the
@@ -217,12 +221,23 @@ def fast_verdict(pred: str, gold: str, rel_tol: float) -> Verdict | None:
     return None
 
 
+# A function of a variable can equal a constant through an identity (`\sin^2 t + \cos^2 t` = 1), which the
+# symbolic fallback decides; a polynomial or rational expression in free variables cannot without cancelling
+# to a number, which no answer writes, so it stays on the fast path.
+_FUNCTION = re.compile(
+    r"\\(?:sin|cos|tan|cot|sec|csc|sinh|cosh|tanh|arcsin|arccos|arctan|log|ln|exp)(?![A-Za-z])"
+    r"|\b(?:sin|cos|tan|cot|sec|csc|log|ln|exp)\("
+)
+
+
 def _notation_of(answer: str) -> str:
     return notation(answer)[0]
 
 
 def _not_a_scalar(normalized: str) -> bool:
-    return "," in normalized or has_free_symbols(normalized)
+    if "," in normalized:
+        return True
+    return has_free_symbols(normalized) and _FUNCTION.search(normalized) is None
 
 
 def _combine(verdicts: Sequence[Verdict]) -> Verdict:
