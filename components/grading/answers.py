@@ -13,9 +13,10 @@ The order follows math-verify's ranking of answer forms, restricted to answers t
    ``**Final Answer**`` heading, or "the answer is ..."), ``last_number`` (the last number anywhere: a
    guess, never an explicit answer, so no shipped profile enables it for rewards or evaluation).
 
-**Thinking blocks**: in a response with a ``<think>...</think>`` block, the text after the last ``</think>``
-is read first; the thinking supplies the answer only when nothing after it does (so in
-``<think>I guess \\boxed{B}, no wait</think> Final: \\boxed{C}`` the answer is ``C``).
+**Thinking blocks** never supply the answer: in a response with ``</think>`` only the text after the last one
+is read, and a ``<think>`` that never closes hides everything after it (so in
+``<think>I guess \\boxed{B}, no wait</think> Final: \\boxed{C}`` the answer is ``C``, and
+``<think>... \\boxed{42}</think> Some other text.`` has none: TRL's ``reasoning_accuracy_reward`` rule).
 
 An answer line is reduced to its value: the box or the math in it ("The largest $n$ is 34." -> ``34``;
 two formulas joined by "and" -> both), else the number of a one-number sentence ("3 hours ago" -> ``3``).
@@ -62,28 +63,40 @@ _ANSWER_SENTENCES = (
 # `<answer>...</answer>` (R1-style): the tags, found by one linear scan each.
 _ANSWER_OPEN = re.compile(r"<answer>", re.I)
 _ANSWER_CLOSE = re.compile(r"</answer>", re.I)
-_THINK_CLOSE = "</think>"
+_THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
 _LATIN_START = re.compile(r"^[A-Za-zÀ-ɏ]")
 
 
 @lru_cache(maxsize=64)
 def _label_pattern(labels: tuple[str, ...]) -> re.Pattern[str]:
-    """One regex for ``<label>:`` over the table (longest first, so `final answer` wins over `answer`).
+    """One regex over the label table (longest first, so `final answer:` wins over `answer:`).
 
-    A Latin-script label must start a word (`Antwort`, not `Gegenantwort`); a CJK one has no word boundary
-    to respect. Markdown emphasis and the French space before the colon are allowed; the colon may be
-    full-width.
+    An entry ending with a colon is a label (``Réponse :``, ``答案：``: markdown emphasis around it, a space
+    before the colon and a full-width colon are all accepted); any other entry is a phrase the answer
+    follows (``réponse est``, ``答案是``). A Latin-script entry must start and end a word (`Antwort`, not
+    `Gegenantwort`); a CJK one has no word boundary to respect.
     """
     parts = []
-    for label in sorted({label.strip() for label in labels}, key=len, reverse=True):
-        body = r"\s+".join(re.escape(word) for word in label.split())
-        boundary = r"(?<![^\W\d_])" if _LATIN_START.match(label) else ""
-        parts.append(boundary + body + (r"(?![^\W\d_])" if _LATIN_START.match(label[-1]) else ""))
-    return re.compile(r"(?i)(?:\*\*|__)?(?:" + "|".join(parts) + r")(?:\*\*|__)?\s*[:：](?:\*\*|__)?")
+    for entry in sorted({label.strip() for label in labels}, key=len, reverse=True):
+        labelled = entry.endswith((":", "："))
+        core = entry[:-1].strip() if labelled else entry
+        body = r"\s+".join(re.escape(word) for word in core.split())
+        start = r"(?<![^\W\d_])" if _LATIN_START.match(core) else ""
+        end = r"(?![^\W\d_])" if _LATIN_START.match(core[-1]) else ""
+        if labelled:
+            parts.append(r"(?:\*\*|__)?" + start + body + end + r"(?:\*\*|__)?\s*[:：](?:\*\*|__)?")
+        else:
+            parts.append(start + body + end + r"\s*[:：]?")
+    return re.compile(r"(?i)(?:" + "|".join(parts) + r")")
 
 
 # Thousands-separated integers first (so `1,000` is one number), then plain decimals / integers.
 _NUMBER = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?|-?\d+(?:\.\d+)?|-?\.\d+")
+# A number marked as money: a currency sign (or word) right before or after it.
+_AMOUNT = re.compile(
+    r"(?:[$€£¥]|\\\$)\s?(?P<a>\d[\d,]*(?:\.\d+)?)(?![\d.,]*\d)"
+    r"|(?<![\d.])(?P<b>\d[\d,]*(?:\.\d+)?)\s?(?:[$€£¥]|\\\$|\b(?:dollars?|euros?|yuan|元|美元)\b)"
+)
 _MATH_SPAN = re.compile(
     r"(?<!\\)\$\$(.+?)(?<!\\)\$\$|\\\[(.+?)\\\]|(?<!\\)\$((?:\\\$|[^$\n])+?)(?<!\\)\$|\\\((.+?)\\\)", re.S
 )
@@ -327,6 +340,10 @@ def _value_of_text(text: str) -> str | None:
         number = numbers[-1]
         after = text[text.rfind(number) + len(number) :]
         return number + "\\%" if _PERCENT_AFTER.match(after) else number
+    # "Janeth will still owe 220 $ within 12 months": of several numbers, the one amount of money is the value
+    amounts = {m.group("a") or m.group("b") for m in _AMOUNT.finditer(text)}
+    if len(amounts) == 1:
+        return amounts.pop().replace(",", "")
     return text
 
 
@@ -410,14 +427,16 @@ def _extract(
     for name in fallbacks:
         if name not in FALLBACKS:
             raise ValueError(f"unknown answer fallback {name!r}; known: {', '.join(FALLBACKS)}")
-    think_end = text.rfind(_THINK_CLOSE)
-    if think_end >= 0:
-        # What follows the thinking is the final answer; the thinking only speaks when nothing follows it.
-        tail = text[think_end + len(_THINK_CLOSE) :]
-        after = _extract_part(tail, fallbacks, require_complete, finish_reason, labels)
-        if after.answer is not None or after.truncated:
-            return after
-    return _extract_part(text, fallbacks, require_complete, finish_reason, labels)
+    return _extract_part(_after_thinking(text), fallbacks, require_complete, finish_reason, labels)
+
+
+def _after_thinking(text: str) -> str:
+    """The part of a response that may state its final answer: what follows the last ``</think>``, or, when
+    a ``<think>`` opened after it never closes, what precedes that (thinking never supplies the answer)."""
+    close = text.rfind(_THINK_CLOSE)
+    tail_start = close + len(_THINK_CLOSE) if close >= 0 else 0
+    opened = text.find(_THINK_OPEN, tail_start)
+    return text[tail_start:opened] if opened >= 0 else text[tail_start:]
 
 
 def _extract_part(

@@ -11,28 +11,36 @@ from components.settings import StrictModel
 Fallback = Literal["answer_line", "last_number"]
 Purpose = Literal["reward", "evaluation", "distill", "cli"]
 PURPOSES: tuple[str, ...] = ("reward", "evaluation", "distill", "cli")
-# Answer labels read by the ``answer_line`` fallback when a colon follows them (``Réponse : 12``, ``答案：12``),
-# matched case-insensitively; English sentences ("the answer is ...") are read whatever the table says.
+# What the ``answer_line`` fallback reads as an answer label, matched case-insensitively: an entry ending
+# with a colon is a label (``Réponse : 12``, ``答案：12``), any other a phrase the answer follows
+# (``la réponse est 12``, ``答案是12``). English sentences ("the answer is ...") are read whatever it says.
 DEFAULT_ANSWER_LABELS: tuple[str, ...] = (
-    "final answer",
-    "answer",
-    "réponse finale",
-    "réponse",
-    "antwort",
-    "endgültige antwort",
-    "respuesta final",
-    "respuesta",
-    "resposta final",
-    "resposta",
-    "risposta finale",
-    "risposta",
-    "ответ",
-    "окончательный ответ",
-    "最终答案",
-    "最終答案",
-    "答案",
-    "答え",
-    "정답",
+    "final answer:",
+    "answer:",
+    "réponse finale :",
+    "réponse :",
+    "réponse est",
+    "endgültige antwort:",
+    "antwort:",
+    "antwort ist",
+    "respuesta final:",
+    "respuesta:",
+    "respuesta es",
+    "resposta final:",
+    "resposta:",
+    "resposta é",
+    "risposta finale:",
+    "risposta:",
+    "risposta è",
+    "окончательный ответ:",
+    "ответ:",
+    "最终答案：",
+    "最終答案：",
+    "答案：",
+    "答案是",
+    "答案为",
+    "答え：",
+    "정답:",
 )
 
 
@@ -46,7 +54,7 @@ class ExtractionConfig(StrictModel):
     ``last_number`` (the last number anywhere: a guess, never an explicit answer; opt in per profile).
     ``require_complete``: a truncated response (finish reason other than ``stop``, or a box opened after the
     last complete one) has no answer at all, so it can never earn credit.
-    ``labels``: the answer labels ``answer_line`` reads (``<label>:``); inside ``GradingConfig`` it is filled
+    ``labels``: the answer labels ``answer_line`` reads (``DEFAULT_ANSWER_LABELS`` says how); inside ``GradingConfig`` it is filled
     from the one table ``grading.extraction.labels`` (so it is not written out per purpose).
     """
 

@@ -231,12 +231,27 @@ def is_label(text: str) -> bool:
     return bool(t.strip()) and _LABEL.match(t) is not None and any(c.isalpha() for c in t)
 
 
+def _one_group(s: str) -> bool:
+    """True when one pair of parentheses spans the whole of ``s``."""
+    if len(s) < 2 or s[0] != "(" or s[-1] != ")":
+        return False
+    depth = 0
+    for i, ch in enumerate(s):
+        depth += ch == "("
+        depth -= ch == ")"
+        if depth == 0 and i < len(s) - 1:
+            return False
+    return True
+
+
 def reduce_relation(s: str) -> str:
     """The value a relation states: ``x = 3`` -> ``3``; a chain -> its last right-hand side; ``x \\approx 1.3``
     -> ``1.3``; ``1/3 \\approx 0.33`` -> ``1/3``. A list, an inequality or an equation between expressions
     (``2x + y = 1``) is returned unchanged."""
     if _top_level(s, ",") or _top_level(s, ";"):
         return s
+    if _one_group(s) and len(split_equals(s[1:-1])) > 1:
+        s = s[1:-1]  # `(35 + 70 = 105)`: a computation in parentheses is the computation
     parts = split_equals(s)
     if len(parts) >= 3 and all(p.strip() for p in parts):
         s = parts[-1]

@@ -17,7 +17,7 @@ Assumptions, stated because they decide verdicts:
   real line are refused: ``\\sqrt{x}\\sqrt{y}`` vs ``\\sqrt{xy}``, ``\\log(x^2)`` vs ``2\\log x``, because sympy
   keeps the principal branches of roots and logarithms and does not combine them;
 - ``i`` is the imaginary unit and ``e`` Euler's number (as math-verify reads LaTeX; plain ``I`` / ``E`` too);
-- equal means ``simplify(gold - pred) == 0``; a difference that random real points show to be non-zero is
+- equal means ``simplify(gold - pred) == 0`` (with ``i`` in it, also after splitting real and imaginary parts); a difference that random real points show to be non-zero is
   refused at once (most unequal pairs), and one that simplification cannot bring to 0 is refused too
   (no guess from numbers alone).
 
@@ -49,6 +49,8 @@ _PLAIN_TEXT = re.compile(r"^[0-9A-Za-z+\-*/^().\s]+$")
 _IDENTIFIER = re.compile(r"[A-Za-z]+")
 _KNOWN_NAME = re.compile(rf"^(?:{_PLAIN_FUNCTIONS}|pi)$")
 _HAS_KNOWN_NAME = re.compile(rf"(?:{_PLAIN_FUNCTIONS}|pi)")
+# Single letters glued to a function name that is called: `isin(` is `i * sin(`.
+_GLUED_CALL = re.compile(rf"^([a-z]+?)({_PLAIN_FUNCTIONS})$")
 # `2^{3^{4}}`, `3**20**20`, `2^(3^4)`: a number's power in an exponent; `x^{12345}`: a large exponent.
 _TOWER = re.compile(r"(?:\^|\*\*)\s*[{(]?\s*[\d.]+\s*(?:\^|\*\*)")
 _BIG_EXPONENT = re.compile(r"(?:\^|\*\*)\s*[{(]?\s*-?\d{4,}")
@@ -66,10 +68,13 @@ def _plain_source(text: str) -> str | None:
     for match in _IDENTIFIER.finditer(text):
         word = match.group()
         out.append(text[last : match.start()])
+        glued = _GLUED_CALL.match(word.lower()) if text[match.end() : match.end() + 1] == "(" else None
         if _KNOWN_NAME.match(word.lower()):
             out.append(word.lower())
         elif len(word) == 1 or not _HAS_KNOWN_NAME.search(word.lower()):
             out.append(" ".join(word))
+        elif glued is not None:  # `isin(x)`, `Bcos(x)`: letters times a function call
+            out.append(" ".join(word[: glued.start(2)]) + " " + glued.group(2))
         else:
             return None  # `cosx`, `2sint`: a name glued to its argument, ambiguous
         last = match.end()
@@ -189,4 +194,8 @@ def symbolic_equal(gold: str, pred: str) -> bool | None:
         return True
     if _differs_somewhere(diff):
         return False
-    return bool(sympy.simplify(diff) == 0)
+    if sympy.simplify(diff) == 0:
+        return True
+    # `6 e^{5\pi i/6}` against `6(\cos(5\pi/6) + i \sin(5\pi/6))`: simplify leaves roots of unity; writing
+    # both as real and imaginary parts settles it.
+    return bool(diff.has(sympy.I) and sympy.simplify(sympy.expand_complex(diff)) == 0)

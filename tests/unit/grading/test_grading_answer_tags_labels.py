@@ -30,9 +30,12 @@ LINES = ExtractionConfig(fallbacks=["answer_line"])
         ("<ANSWER>9</ANSWER>", "9", "answer_tag"),
         ("\\boxed{3} then <answer>4</answer>", "4", "answer_tag"),
         ("<answer>4</answer> and later \\boxed{5}", "5", "boxed"),
-        # the thinking speaks only when nothing follows it
-        ("<think>so \\boxed{4}</think>", "4", "boxed"),
-        ("<think>so \\boxed{4}</think> That is all.", "4", "boxed"),
+        # the thinking never supplies the answer (TRL's reasoning_accuracy_reward rule)
+        ("<think>so \\boxed{4}</think>", None, None),
+        ("<think>so \\boxed{4}</think> That is all.", None, None),
+        ("<think>\\boxed{4}", None, None),  # a thinking block that never closes
+        ("<think>a</think> \\boxed{5} <think>\\boxed{6}", "5", "boxed"),
+        ("Reasoning </think> \\boxed{7}", "7", "boxed"),  # the opening tag was in the prompt
         ("<answer></answer>", None, None),
     ],
 )
@@ -74,6 +77,10 @@ def test_thinking_box_never_wins_over_the_final_one_for_every_purpose() -> None:
         ("Final Answer: 9", "9"),
         ("Gegenantwort: 3", None),  # a label must start a word
         ("Réponse 12", None),  # a label needs its colon
+        ("La réponse est 12.", "12"),  # a phrase the answer follows
+        ("réponse est (35 + 70 = 105).", "(35 + 70 = 105)"),
+        ("答案是12", "12"),
+        ("Die Antwort ist $\\frac{1}{2}$.", "\\frac{1}{2}"),
     ],
 )
 def test_multilingual_answer_labels(text: str, answer: str | None) -> None:
@@ -82,12 +89,14 @@ def test_multilingual_answer_labels(text: str, answer: str | None) -> None:
 
 
 def test_the_label_table_comes_from_config() -> None:
-    only_english = ExtractionConfig(fallbacks=["answer_line"], labels=["answer"])
+    only_english = ExtractionConfig(fallbacks=["answer_line"], labels=["answer:"])
     assert extract_final("Antwort: 12", only_english).answer is None
     assert extract_final("Answer: 12", only_english).answer == "12"
     assert extract_final("the answer is 12", only_english).answer == "12"  # sentences are built in
-    german = ExtractionConfig(fallbacks=["answer_line"], labels=["Lösung"])
+    german = ExtractionConfig(fallbacks=["answer_line"], labels=["Lösung:", "die lösung ist"])
     assert extract_final("Lösung: 4", german).answer == "4"
+    assert extract_final("Also, die Lösung ist 4.", german).answer == "4"
+    assert extract_final("Lösung 4", german).answer is None
 
 
 def test_grading_extraction_labels_are_shared_by_every_purpose() -> None:
@@ -102,3 +111,16 @@ def test_grading_extraction_labels_are_shared_by_every_purpose() -> None:
     assert GradingConfig().extraction.evaluation.labels == list(DEFAULT_ANSWER_LABELS)
     with pytest.raises(ValueError, match="non-blank"):
         ExtractionConfig(labels=[" "])
+
+
+@pytest.mark.parametrize(
+    ("text", "answer"),
+    [
+        ("Réponse: Janeth aura encore 220 $ à payer d'ici 12 mois.", "220"),  # lighteval's French case
+        ("Answer: Janet has $1,220 left after 12 months", "1220"),
+        ("Answer: 3 dollars after 4 days", "3"),
+        ("Answer: 12 apples and 3 pears", "12 apples and 3 pears"),  # no amount: the sentence stays whole
+    ],
+)
+def test_of_several_numbers_in_an_answer_sentence_the_one_amount_is_the_value(text: str, answer: str) -> None:
+    assert extract_final(text, LINES, "stop").answer == answer

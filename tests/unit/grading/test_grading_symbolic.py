@@ -23,6 +23,8 @@ from components.grading.symbolic import parse_expression, symbolic_equal
         ("2xy", "2*x*y"),
         ("exp(x^2)", "e^{x^2}"),
         ("sqrt(x^2)", "\\sqrt{x^{2}}"),
+        ("6(cos(5pi/6)+isin(5pi/6))", "6 exp(5pi/6*I)"),  # letters glued to a call; real and imaginary parts
+        ("2cos(x)", "e^(Ix)+e^(-Ix)"),
     ],
 )
 def test_equal_by_simplification(gold: str, pred: str) -> None:
@@ -63,6 +65,7 @@ def test_unequal_or_not_provable(gold: str, pred: str) -> None:
         "lambda: 1",
         "x.__class__",
         "cosx",  # a name glued to its argument: ambiguous
+        "isinx",
         "2^{3^{4}}",  # a power tower: an exact computation no deadline interrupts
         "3**20**20",
         "x^{12345}",
