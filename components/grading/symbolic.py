@@ -24,7 +24,8 @@ Assumptions, stated because they decide verdicts:
 It refuses (returns None: "no opinion", the verdict stays math-verify's False) for anything that is not a
 single expression: relations (``=``, ``<``, ``\\le`` ...), lists and tuples (a comma), sets, intervals,
 matrices, ``\\pm``, text, infinity, percent; for texts over ``MAX_CHARS``; for power towers and exponents over
-``MAX_EXPONENT`` (an exact power of that size is a long computation no deadline can interrupt); and when
+``MAX_EXPONENT``, and plain-notation powers whose value would exceed ``MAX_DIGITS`` digits (an exact power of
+that size is a long computation no deadline can interrupt); and when
 either side does not parse.
 """
 
@@ -36,6 +37,7 @@ from typing import Any
 
 MAX_CHARS = 300
 MAX_EXPONENT = 1000
+MAX_DIGITS = 10_000  # a plain-notation power whose value would have more digits is refused
 # Anything that makes an answer more than one expression (or not an expression at all).
 _NOT_AN_EXPRESSION = re.compile(
     r"[=<>,;\[\]%|!]|\\[{}]|\\(?:le|ge|leq|geq|ne|neq|lt|gt|cup|cap|in|notin|subset|pm|mp|infty|text|mbox|"
@@ -101,6 +103,9 @@ def _parse_plain(text: str) -> Any:
         "Float": sympy.Float,
         "Rational": sympy.Rational,
         "Symbol": sympy.Symbol,
+        "Add": sympy.Add,  # the unevaluated parse names the operations
+        "Mul": sympy.Mul,
+        "Pow": sympy.Pow,
         "pi": sympy.pi,
         "asin": sympy.asin,
         "acos": sympy.acos,
@@ -125,7 +130,48 @@ def _parse_plain(text: str) -> Any:
         "__builtins__": {},
     }
     transformations = (*standard_transformations, implicit_multiplication_application, convert_xor)
+    # First unevaluated, to size its powers: `((9**99)**99)**99` is small text and a number no deadline stops.
+    shape = parse_expr(
+        source, local_dict=letters, global_dict=names, transformations=transformations, evaluate=False
+    )
+    if _digits(shape) > MAX_DIGITS:
+        return None
     return parse_expr(source, local_dict=letters, global_dict=names, transformations=transformations)
+
+
+def _digits(expr: Any) -> float:
+    """An upper bound on the decimal digits of the numbers an unevaluated expression would compute."""
+    import math
+
+    import sympy
+
+    if isinstance(expr, sympy.Pow):
+        base, exponent = _digits(expr.base), _magnitude(expr.exp)
+        return max(base, 1.0) * max(exponent, 1.0)
+    if isinstance(expr, sympy.Number):
+        return math.log10(abs(float(expr)) + 1.0) + 1.0 if abs(expr) < 10**300 else float("inf")
+    if not expr.args:
+        return 1.0
+    return max(_digits(arg) for arg in expr.args) + len(expr.args)
+
+
+def _magnitude(expr: Any) -> float:
+    """An upper bound on the absolute value of an unevaluated exponent (1 for a symbolic one)."""
+    import sympy
+
+    if isinstance(expr, sympy.Number):
+        return abs(float(expr)) if abs(expr) < 10**300 else float("inf")
+    if isinstance(expr, sympy.Pow):
+        digits = _digits(expr)
+        return 10.0**digits if digits < 300 else float("inf")
+    if not expr.args:
+        return 1.0
+    if isinstance(expr, sympy.Mul):
+        out = 1.0
+        for arg in expr.args:
+            out *= max(_magnitude(arg), 1.0)
+        return out
+    return sum(max(_magnitude(arg), 1.0) for arg in expr.args)
 
 
 def _parse_latex(text: str) -> Any:
