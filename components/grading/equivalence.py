@@ -69,7 +69,8 @@ _VERDICT_CACHE_MAX = 1 << 17
 class Verdict:
     """The grade of one (pred, gold): ``equal``, the deciding ``method``, and ``reason`` when not graded.
 
-    ``method`` is ``no_answer``, ``relation``, ``exact``, ``numeric``, ``list``, ``number_vs_expression``, ``math_verify`` or
+    ``method`` is ``no_answer``, ``relation``, ``exact``, ``numeric``, ``list``, ``number_vs_expression``,
+    ``math_verify`` (the pool's verdict: math-verify, then the symbolic fallback when it said unequal) or
     ``failed`` (timeout / worker crash / parser error; ``reason`` says which).
     """
 
