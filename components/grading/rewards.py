@@ -80,9 +80,7 @@ def is_scheduled(name: str) -> bool:
     return name in SCHEDULED
 
 
-def apply_reward(
-    name: str, judgement: Judgement, cfg: GradingConfig, step: int | None = None
-) -> RewardResult:
+def apply_reward(name: str, judgement: Judgement, cfg: GradingConfig, step: int | None = None) -> RewardResult:
     """Reward ``name`` of one judgement; ``step`` (1-based) is required by scheduled rewards only."""
     reward = get_reward(name)
     if name not in SCHEDULED:
