@@ -8,9 +8,10 @@ The order follows math-verify's ranking of answer forms, restricted to answers t
    sentence "The final answer is X" (Minerva's "... I hope it is correct."), and the last complete
    ``<answer>...</answer>`` (the R1-style format; its content is reduced like an answer line, so
    ``<answer>\\boxed{5}</answer>`` is ``5``); the one that ends later wins;
-2. the purpose's ``fallbacks`` in order: ``answer_line`` (the last label of the config's ``labels`` table
-   followed by a colon: ``Final Answer:``, ``Answer:``, ``Réponse :``, ``答案：``, ``Antwort:`` ...; a bare
-   ``**Final Answer**`` heading, or "the answer is ..."), ``last_number`` (the last number anywhere: a
+2. the purpose's ``fallbacks`` in order: ``answer_line`` (the last entry of the config's ``labels`` table: a
+   label before a colon, ``Final Answer:``, ``Answer:``, ``Réponse :``, ``答案：``, ``Antwort:`` ..., or a
+   phrase the answer follows, ``réponse est``, ``答案是``; a bare ``**Final Answer**`` heading, or "the
+   answer is ..."), ``last_number`` (the last number anywhere: a
    guess, never an explicit answer, so no shipped profile enables it for rewards or evaluation).
 
 **Thinking blocks** never supply the answer: in a response with ``</think>`` only the text after the last one
@@ -19,13 +20,13 @@ is read, and a ``<think>`` that never closes hides everything after it (so in
 ``<think>... \\boxed{42}</think> Some other text.`` has none: TRL's ``reasoning_accuracy_reward`` rule).
 
 An answer line is reduced to its value: the box or the math in it ("The largest $n$ is 34." -> ``34``;
-two formulas joined by "and" -> both), else the number of a one-number sentence ("3 hours ago" -> ``3``).
+two formulas joined by "and" -> both), else the number of a one-number sentence ("3 hours ago" -> ``3``),
+else the one amount of money among several numbers ("220 $ within 12 months" -> ``220``).
 A percent sign or word right after a box (``$\\boxed{28}$ pct``) belongs to the answer.
 
 **Truncation**: with ``require_complete`` (every shipped purpose), a response whose finish reason is not
 ``stop`` (``length``, ``kv_budget``...) or that opens a box (or an ``<answer>`` tag) after its last complete
-one has no answer: a cut-off
-response earns no reward and no accuracy whatever its last number.
+one has no answer: a cut-off response earns no reward and no accuracy whatever its last number.
 
 Every scan is linear: the brace matcher visits only braces and box commands found by a regex without
 nested quantifiers, so a 1 MB adversarial response costs one pass. Results are cached per (text, settings,
