@@ -61,8 +61,9 @@ _TOLERANCE = 1e-9
 
 
 def _plain_source(text: str) -> str | None:
-    """The plain-notation text made safe for ``parse_expr``: known names kept, other words split into
-    single-letter products (``xy`` -> ``x y``), or None when it holds anything else."""
+    """The plain-notation text made safe for ``parse_expr``: known names kept, two-letter words split into
+    products (``xy`` -> ``x y``), letters glued to a call split off (``isin(`` -> ``i sin(``), or None when
+    it holds anything else (a longer word among them)."""
     if not _PLAIN_TEXT.match(text) or "__" in text:
         return None
     out: list[str] = []
@@ -73,12 +74,14 @@ def _plain_source(text: str) -> str | None:
         glued = _GLUED_CALL.match(word.lower()) if text[match.end() : match.end() + 1] == "(" else None
         if _KNOWN_NAME.match(word.lower()):
             out.append(word.lower())
-        elif len(word) == 1 or not _HAS_KNOWN_NAME.search(word.lower()):
-            out.append(" ".join(word))
+        elif len(word) <= 2 and not _HAS_KNOWN_NAME.search(word.lower()):
+            out.append(" ".join(word))  # `xy`: a product of two variables
         elif glued is not None:  # `isin(x)`, `Bcos(x)`: letters times a function call
             out.append(" ".join(word[: glued.start(2)]) + " " + glued.group(2))
         else:
-            return None  # `cosx`, `2sint`: a name glued to its argument, ambiguous
+            # `cosx`, `2sint`: a name glued to its argument, ambiguous; `north`, `odd`: a word, and as a
+            # product of letters it would equal its anagrams (`thorn`, `dod`)
+            return None
         last = match.end()
     out.append(text[last:])
     return "".join(out).replace("^", "**")

@@ -66,6 +66,8 @@ def test_unequal_or_not_provable(gold: str, pred: str) -> None:
         "x.__class__",
         "cosx",  # a name glued to its argument: ambiguous
         "isinx",
+        "north",  # a word: as a product of letters it would equal its anagram `thorn`
+        "odd",
         "2^{3^{4}}",  # a power tower: an exact computation no deadline interrupts
         "3**20**20",
         "x^{12345}",
