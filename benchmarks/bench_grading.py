@@ -4,7 +4,7 @@ Three parts, each printed side by side in one run:
 
 1. **corpus** (``tests/data/grading``, see ``components/grading/corpus.py``): our verdicts and plain
    math-verify's (``verify(parse(gold), parse(pred))``, default settings, this process's main thread) on the
-   same cases, per split (tuning, held-out) and kind (bare answers, whole responses), counted on the cases
+   same cases, per split (tuning, held-out, blind) and kind (bare answers, whole responses), counted on the cases
    whose verdict is not one library's option;
 2. **throughput**: N (default 65,536) (response, gold) pairs built from the real answers of every benchmark
    in shared/data (responses that box the gold itself, reformatted versions of it and wrong versions,
@@ -46,14 +46,14 @@ _INT_ROOT = re.compile(r"^(\d+)\\sqrt\{(\d+)\}$")
 # ----------------------------------------------------------------------------------------- corpus
 def corpus_section(workers: int) -> None:
     from components.grading.config import GradingConfig
-    from components.grading.corpus import agreement, load_cases, math_verify_verdicts, our_verdicts
+    from components.grading.corpus import SPLITS, agreement, load_cases, math_verify_verdicts, our_verdicts
 
     cfg = GradingConfig(workers=workers, timeout_s=30.0)
     print("== corpus: agreement with the expected verdicts (cases without a library option) ==")
     print(
         f"{'split':8} {'kind':9} {'n':>4} {'ours':>14} {'plain math-verify':>18}   flagged (ours / math-verify)"
     )
-    for split in ("tune", "heldout"):
+    for split in SPLITS:  # tune, heldout, blind
         cases = load_cases(split)
         start = time.perf_counter()
         ours = agreement(cases, our_verdicts(cases, cfg))

@@ -4,19 +4,29 @@ The order follows math-verify's ranking of answer forms, restricted to answers t
 
 1. **explicit final answers**, always read: the last run of complete boxes (``\\boxed``, ``\\fbox``,
    ``\\framebox``; boxes separated only by connectors such as ``,``/``and``/``\\quad``/a label ``q =`` are one
-   answer, ``\\boxed{1}`` and ``\\boxed{-2}`` -> ``1, -2``; a union sign between them is kept), and the
-   sentence "The final answer is X" (Minerva's "... I hope it is correct."); the one that ends later wins;
-2. the purpose's ``fallbacks`` in order: ``answer_line`` (the last ``Final Answer:`` / ``Answer:`` label, a
-   bare ``**Final Answer**`` heading, or "the answer is ..."), ``last_number`` (the last number anywhere: a
+   answer, ``\\boxed{1}`` and ``\\boxed{-2}`` -> ``1, -2``; a union sign between them is kept), the
+   sentence "The final answer is X" (Minerva's "... I hope it is correct."), and the last complete
+   ``<answer>...</answer>`` (the R1-style format; its content is reduced like an answer line, so
+   ``<answer>\\boxed{5}</answer>`` is ``5``); the one that ends later wins;
+2. the purpose's ``fallbacks`` in order: ``answer_line`` (the last entry of the config's ``labels`` table: a
+   label before a colon, ``Final Answer:``, ``Answer:``, ``Réponse :``, ``答案：``, ``Antwort:`` ..., or a
+   phrase the answer follows, ``réponse est``, ``答案是``; a bare ``**Final Answer**`` heading, or "the
+   answer is ..."), ``last_number`` (the last number anywhere: a
    guess, never an explicit answer, so no shipped profile enables it for rewards or evaluation).
 
+**Thinking blocks** never supply the answer: in a response with ``</think>`` only the text after the last one
+is read, and a ``<think>`` that never closes hides everything after it (so in
+``<think>I guess \\boxed{B}, no wait</think> Final: \\boxed{C}`` the answer is ``C``, and
+``<think>... \\boxed{42}</think> Some other text.`` has none: TRL's ``reasoning_accuracy_reward`` rule).
+
 An answer line is reduced to its value: the box or the math in it ("The largest $n$ is 34." -> ``34``;
-two formulas joined by "and" -> both), else the number of a one-number sentence ("3 hours ago" -> ``3``).
+two formulas joined by "and" -> both), else the number of a one-number sentence ("3 hours ago" -> ``3``),
+else the one amount of money among several numbers ("220 $ within 12 months" -> ``220``).
 A percent sign or word right after a box (``$\\boxed{28}$ pct``) belongs to the answer.
 
 **Truncation**: with ``require_complete`` (every shipped purpose), a response whose finish reason is not
-``stop`` (``length``, ``kv_budget``...) or that opens a box after its last complete one has no answer: a cut-off
-response earns no reward and no accuracy whatever its last number.
+``stop`` (``length``, ``kv_budget``...) or that opens a box (or an ``<answer>`` tag) after its last complete
+one has no answer: a cut-off response earns no reward and no accuracy whatever its last number.
 
 Every scan is linear: the brace matcher visits only braces and box commands found by a regex without
 nested quantifiers, so a 1 MB adversarial response costs one pass. Results are cached per (text, settings,
@@ -30,7 +40,7 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import NamedTuple
 
-from components.grading.config import ExtractionConfig
+from components.grading.config import DEFAULT_ANSWER_LABELS, ExtractionConfig
 
 FALLBACKS: tuple[str, ...] = ("answer_line", "last_number")
 # Finish reasons of a response that ended on its own (engine and SGLang both say "stop").
@@ -47,13 +57,47 @@ _QUOTES = re.compile(r'^(?:\\?["“”])+|(?:\\?["“”])+$')
 _HOPE = re.compile(r"(?i)\.?\s*i\s+hope\s+it\s+is\s+correct")
 # Answer labels: `Answer:` / `Final Answer:` (markdown emphasis, full-width colon), "the answer is", and a
 # label alone at the start of a line or followed directly by math (`**Final Answer**`, `Answer \[ 9 \]`).
-_ANSWER_LABELS = (
-    re.compile(r"(?i)(?:\*\*|__)?\b(?:final\s+)?answer\b(?:\*\*|__)?\s*[:：](?:\*\*|__)?"),
+_ANSWER_SENTENCES = (
     re.compile(r"(?i)\b(?:final\s+)?answer\s+(?:is|would\s+be|will\s+be)\b\s*:?"),
     re.compile(r"(?im)^[ \t>#*_]*(?:final\s+)?answer(?:\*\*|__)?[ \t]*(?=$|\\\[|\$|\\\()"),
 )
+# `<answer>...</answer>` (R1-style): the tags, found by one linear scan each.
+_ANSWER_OPEN = re.compile(r"<answer>", re.I)
+_ANSWER_CLOSE = re.compile(r"</answer>", re.I)
+_THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
+_LATIN_START = re.compile(r"^[A-Za-zÀ-ɏ]")
+
+
+@lru_cache(maxsize=64)
+def _label_pattern(labels: tuple[str, ...]) -> re.Pattern[str]:
+    """One regex over the label table (longest first, so `final answer:` wins over `answer:`).
+
+    An entry ending with a colon is a label (``Réponse :``, ``答案：``: markdown emphasis around it, a space
+    before the colon and a full-width colon are all accepted); any other entry is a phrase the answer
+    follows (``réponse est``, ``答案是``). A Latin-script entry must start and end a word (`Antwort`, not
+    `Gegenantwort`); a CJK one has no word boundary to respect.
+    """
+    parts = []
+    for entry in sorted({label.strip() for label in labels}, key=len, reverse=True):
+        labelled = entry.endswith((":", "："))
+        core = entry[:-1].strip() if labelled else entry
+        body = r"\s+".join(re.escape(word) for word in core.split())
+        start = r"(?<![^\W\d_])" if _LATIN_START.match(core) else ""
+        end = r"(?![^\W\d_])" if _LATIN_START.match(core[-1]) else ""
+        if labelled:
+            parts.append(r"(?:\*\*|__)?" + start + body + end + r"(?:\*\*|__)?\s*[:：](?:\*\*|__)?")
+        else:
+            parts.append(start + body + end + r"\s*[:：]?")
+    return re.compile(r"(?i)(?:" + "|".join(parts) + r")")
+
+
 # Thousands-separated integers first (so `1,000` is one number), then plain decimals / integers.
 _NUMBER = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?|-?\d+(?:\.\d+)?|-?\.\d+")
+# A number marked as money: a currency sign (or word) right before or after it.
+_AMOUNT = re.compile(
+    r"(?:[$€£¥]|\\\$)\s?(?P<a>\d[\d,]*(?:\.\d+)?)(?![\d.,]*\d)"
+    r"|(?<![\d.])(?P<b>\d[\d,]*(?:\.\d+)?)\s?(?:[$€£¥]|\\\$|\b(?:dollars?|euros?|yuan|元|美元)\b)"
+)
 _MATH_SPAN = re.compile(
     r"(?<!\\)\$\$(.+?)(?<!\\)\$\$|\\\[(.+?)\\\]|(?<!\\)\$((?:\\\$|[^$\n])+?)(?<!\\)\$|\\\((.+?)\\\)", re.S
 )
@@ -119,7 +163,7 @@ _UNIT_WORDS = frozenset(
 class Extraction(NamedTuple):
     """An extracted answer, how it was found, and whether the response was cut off.
 
-    ``method``: ``boxed``, ``minerva``, ``answer_line``, ``last_number``; ``truncated`` when a truncated
+    ``method``: ``boxed``, ``minerva``, ``answer_tag``, ``answer_line``, ``last_number``; ``truncated`` when a truncated
     response lost its answer to ``require_complete``; None when nothing was found.
     """
 
@@ -245,7 +289,7 @@ def _value_of_line(value: str) -> str | None:
         run = _box_run(value, boxes)
         if run is not None:
             return run[0]
-    value = _QUOTES.sub("", value.strip()).rstrip(" \t.;,")
+    value = _QUOTES.sub("", value.strip()).rstrip(" \t.;,。；，")
     value = _QUOTES.sub("", value).strip()
     if not value:
         return None
@@ -287,7 +331,7 @@ def _wordy(text: str) -> bool:
 
 def _value_of_text(text: str) -> str | None:
     """Plain text (no math delimiters) reduced to a value: itself unless it is a sentence with one number."""
-    text = text.strip().rstrip(" \t.;,").strip()
+    text = text.strip().rstrip(" \t.;,。；，").strip()
     if not text:
         return None
     if not _wordy(text):
@@ -297,6 +341,10 @@ def _value_of_text(text: str) -> str | None:
         number = numbers[-1]
         after = text[text.rfind(number) + len(number) :]
         return number + "\\%" if _PERCENT_AFTER.match(after) else number
+    # "Janeth will still owe 220 $ within 12 months": of several numbers, the one amount of money is the value
+    amounts = {m.group("a") or m.group("b") for m in _AMOUNT.finditer(text)}
+    if len(amounts) == 1:
+        return amounts.pop().replace(",", "")
     return text
 
 
@@ -316,10 +364,11 @@ def _after_label(text: str, label_end: int) -> str:
     return next((candidate for candidate in tail.split("\n")[:3] if candidate.strip()), "")
 
 
-def _answer_line(text: str) -> tuple[str, int] | None:
-    """The value of the last answer label in ``text`` and where the label starts."""
+def _answer_line(text: str, labels: tuple[str, ...]) -> tuple[str, int] | None:
+    """The value of the last answer label in ``text`` (``labels``, then the English sentences) and where the
+    label starts."""
     best: re.Match[str] | None = None
-    for pattern in _ANSWER_LABELS:
+    for pattern in (_label_pattern(labels), *_ANSWER_SENTENCES):
         for match in pattern.finditer(text):
             if best is None or match.start() > best.start():
                 best = match
@@ -351,17 +400,58 @@ def _tidy(answer: str) -> str:
     return answer
 
 
+def _answer_tags(text: str) -> tuple[tuple[int, int, int, int] | None, int]:
+    """The last complete ``<answer>...</answer>`` as (open start, content start, content end, close end), and
+    the start of an ``<answer>`` opened after it and never closed (-1 if none)."""
+    opens = [m.span() for m in _ANSWER_OPEN.finditer(text)]
+    if not opens:
+        return None, -1
+    closes = [m.span() for m in _ANSWER_CLOSE.finditer(text)]
+    last_close = closes[-1] if closes else None
+    before = [span for span in opens if last_close is not None and span[1] <= last_close[0]]
+    after = [span for span in opens if last_close is None or span[0] >= last_close[1]]
+    unclosed = after[0][0] if after else -1
+    if not before or last_close is None:
+        return None, unclosed
+    opener = before[-1]
+    return (opener[0], opener[1], last_close[0], last_close[1]), unclosed
+
+
 @lru_cache(maxsize=8192)
 def _extract(
-    text: str, fallbacks: tuple[str, ...], require_complete: bool, finish_reason: str | None
+    text: str,
+    fallbacks: tuple[str, ...],
+    require_complete: bool,
+    finish_reason: str | None,
+    labels: tuple[str, ...] = (),
 ) -> Extraction:
     for name in fallbacks:
         if name not in FALLBACKS:
             raise ValueError(f"unknown answer fallback {name!r}; known: {', '.join(FALLBACKS)}")
+    return _extract_part(_after_thinking(text), fallbacks, require_complete, finish_reason, labels)
+
+
+def _after_thinking(text: str) -> str:
+    """The part of a response that may state its final answer: what follows the last ``</think>``, or, when
+    a ``<think>`` opened after it never closes, what precedes that (thinking never supplies the answer)."""
+    close = text.rfind(_THINK_CLOSE)
+    tail_start = close + len(_THINK_CLOSE) if close >= 0 else 0
+    opened = text.find(_THINK_OPEN, tail_start)
+    return text[tail_start:opened] if opened >= 0 else text[tail_start:]
+
+
+def _extract_part(
+    text: str,
+    fallbacks: tuple[str, ...],
+    require_complete: bool,
+    finish_reason: str | None,
+    labels: tuple[str, ...],
+) -> Extraction:
     boxes, unclosed = _scan_boxes(text)
+    tag, unclosed_tag = _answer_tags(text)
     if require_complete:
         cut = finish_reason is not None and finish_reason not in COMPLETE_FINISH_REASONS
-        if cut or (unclosed >= 0 and (not boxes or unclosed > boxes[-1].start)):
+        if cut or (unclosed >= 0 and (not boxes or unclosed > boxes[-1].start)) or unclosed_tag >= 0:
             return Extraction(None, "truncated", True)
     found: tuple[str, int, str] | None = None  # (answer, end position, method)
     if boxes:
@@ -375,11 +465,15 @@ def _extract(
         value = _value_of_line(minerva.group(1))
         if value:
             found = (value, minerva.end(), "minerva")
+    if tag is not None and (found is None or tag[3] > found[1]):
+        value = _value_of_line(text[tag[1] : tag[2]].strip()) if text[tag[1] : tag[2]].strip() else None
+        if value:
+            found = (value, tag[3], "answer_tag")
     if found is not None:
         return Extraction(_tidy(found[0]), found[2])
     for name in fallbacks:
         if name == "answer_line":
-            line = _answer_line(text)
+            line = _answer_line(text, labels)
             if line is not None:
                 return Extraction(_tidy(line[0]), name)
         elif name == "last_number":
@@ -397,7 +491,7 @@ def extract_final(text: str, cfg: ExtractionConfig, finish_reason: str | None = 
     """
     if not isinstance(text, str):
         raise TypeError(f"extract_answer needs a str response, got {type(text).__name__}")
-    return _extract(text, tuple(cfg.fallbacks), cfg.require_complete, finish_reason)
+    return _extract(text, tuple(cfg.fallbacks), cfg.require_complete, finish_reason, tuple(cfg.labels))
 
 
 def extract_answer_detail(text: str, fallbacks: Sequence[str] = ("answer_line",)) -> Extraction:
@@ -407,7 +501,7 @@ def extract_answer_detail(text: str, fallbacks: Sequence[str] = ("answer_line",)
     """
     if not isinstance(text, str):
         raise TypeError(f"extract_answer needs a str response, got {type(text).__name__}")
-    return _extract(text, tuple(fallbacks), False, None)
+    return _extract(text, tuple(fallbacks), False, None, DEFAULT_ANSWER_LABELS)
 
 
 def extract_answer(text: str, fallbacks: Sequence[str] = ("answer_line",)) -> str | None:

@@ -30,6 +30,7 @@ def answer_of(pred: str, cfg: GradingConfig, finish_reason: str | None = None) -
         ExtractionConfig(
             fallbacks=[f for f in settings.fallbacks if f == "answer_line"],
             require_complete=settings.require_complete,
+            labels=settings.labels,
         ),
         finish_reason,
     )

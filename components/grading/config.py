@@ -11,6 +11,37 @@ from components.settings import StrictModel
 Fallback = Literal["answer_line", "last_number"]
 Purpose = Literal["reward", "evaluation", "distill", "cli"]
 PURPOSES: tuple[str, ...] = ("reward", "evaluation", "distill", "cli")
+# What the ``answer_line`` fallback reads as an answer label, matched case-insensitively: an entry ending
+# with a colon is a label (``Réponse : 12``, ``答案：12``), any other a phrase the answer follows
+# (``la réponse est 12``, ``答案是12``). English sentences ("the answer is ...") are read whatever it says.
+DEFAULT_ANSWER_LABELS: tuple[str, ...] = (
+    "final answer:",
+    "answer:",
+    "réponse finale :",
+    "réponse :",
+    "réponse est",
+    "endgültige antwort:",
+    "antwort:",
+    "antwort ist",
+    "respuesta final:",
+    "respuesta:",
+    "respuesta es",
+    "resposta final:",
+    "resposta:",
+    "resposta é",
+    "risposta finale:",
+    "risposta:",
+    "risposta è",
+    "окончательный ответ:",
+    "ответ:",
+    "最终答案：",
+    "最終答案：",
+    "答案：",
+    "答案是",
+    "答案为",
+    "答え：",
+    "정답:",
+)
 
 
 class ExtractionConfig(StrictModel):
@@ -23,15 +54,25 @@ class ExtractionConfig(StrictModel):
     ``last_number`` (the last number anywhere: a guess, never an explicit answer; opt in per profile).
     ``require_complete``: a truncated response (finish reason other than ``stop``, or a box opened after the
     last complete one) has no answer at all, so it can never earn credit.
+    ``labels``: the answer labels ``answer_line`` reads (``DEFAULT_ANSWER_LABELS`` says how); inside ``GradingConfig`` it is filled
+    from the one table ``grading.extraction.labels`` (so it is not written out per purpose).
     """
 
     fallbacks: list[Fallback] = []
     require_complete: bool = True
+    labels: list[str] = Field(default_factory=lambda: list(DEFAULT_ANSWER_LABELS), exclude=True)
+
+    @model_validator(mode="after")
+    def _labels_not_blank(self) -> ExtractionConfig:
+        if any(not label.strip() for label in self.labels):
+            raise ValueError("grading.extraction labels must be non-blank strings")
+        return self
 
 
 class ExtractionByPurpose(StrictModel):
     """``grading.extraction``: one ``ExtractionConfig`` per use of the grader.
 
+    ``labels``: the answer-label table every purpose reads (see ``ExtractionConfig.labels``).
     ``reward``: RL rewards (npr_zero, papo_rl, sr_rl, verl's reward function); ``evaluation``: the evaluate
     stage, ``npr eval``, the nightly gate and the held-out evaluations inside training stages; ``distill``:
     the correctness of distilled trajectories (what reject_filter keeps); ``cli``: ``npr grade``.
@@ -41,6 +82,20 @@ class ExtractionByPurpose(StrictModel):
     evaluation: ExtractionConfig = ExtractionConfig(fallbacks=["answer_line"])
     distill: ExtractionConfig = ExtractionConfig()
     cli: ExtractionConfig = ExtractionConfig(fallbacks=["answer_line"])
+    labels: list[str] = Field(default_factory=lambda: list(DEFAULT_ANSWER_LABELS))
+
+    @model_validator(mode="after")
+    def _share_labels(self) -> ExtractionByPurpose:
+        # One table for every purpose: the languages a model answers in do not depend on the use.
+        for purpose in PURPOSES:
+            settings = getattr(self, purpose)
+            if "labels" in settings.model_fields_set and settings.labels != self.labels:
+                raise ValueError(
+                    f"grading.extraction.{purpose}.labels is not a setting; the label table is "
+                    "grading.extraction.labels (one for every purpose)"
+                )
+            object.__setattr__(self, purpose, settings.model_copy(update={"labels": list(self.labels)}))
+        return self
 
     def for_purpose(self, purpose: str) -> ExtractionConfig:
         """The settings of ``purpose``; ValueError naming the known purposes otherwise."""

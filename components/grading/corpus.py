@@ -22,7 +22,7 @@ from typing import Any
 from components.grading.config import GradingConfig
 
 CORPUS_DIR = Path(__file__).resolve().parents[2] / "tests" / "data" / "grading"
-SPLITS = {"tune": "corpus.jsonl", "heldout": "heldout.jsonl"}
+SPLITS = {"tune": "corpus.jsonl", "heldout": "heldout.jsonl", "blind": "blind.jsonl"}
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ class Case:
 
 
 def load_cases(split: str = "tune", directory: Path | None = None) -> list[Case]:
-    """The cases of ``split`` (``tune`` or ``heldout``); ValueError on a malformed case, naming its line."""
+    """The cases of ``split`` (``tune``, ``heldout`` or ``blind``); ValueError on a malformed case, naming its line."""
     if split not in SPLITS:
         raise ValueError(f"unknown corpus split {split!r}; known: {', '.join(SPLITS)}")
     path = (directory or CORPUS_DIR) / SPLITS[split]

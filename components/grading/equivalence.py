@@ -3,19 +3,28 @@
 Order of decision for one (pred, gold candidate):
 
 1. no prediction -> False (``no_answer``);
-2. normalised strings equal -> True (``exact``, see ``normalize.normalize_answer``);
-3. both plain numbers -> compared exactly or within ``cfg.float_rel_tol`` (``numeric``), decisive either
+2. both answers assignments to different quantities -> False (``relation``): ``y = 2`` is not the answer
+   ``x = 2``, nor ``\\cot t = 2`` the answer ``\\tan t = 2`` (``normalize.answer_label``); an assignment
+   against a bare value compares the value (``x = 2`` and ``2``; ``2 = x`` is the same assignment), and an
+   equation between expressions (``2x + y = 1``) goes to math-verify whole, which compares both sides;
+3. normalised strings equal -> True (``exact``, see ``normalize.normalize_answer``);
+4. both plain numbers -> compared exactly or within ``cfg.float_rel_tol`` (``numeric``), decisive either
    way: math-verify reads plain numbers the same way, so it could not disagree. A number written with a
    percent sign also reads as its value over 100 (``10\\%`` = 10 = 0.1); one written with a decimal comma
    (``1000,99``, ``0,111``: not a group of three digits) reads as the decimal;
-4. both lists of plain numbers (``list``): an ordered tuple or interval when the gold is one group in
+5. both lists of plain numbers (``list``): a gold that assigns distinct quantities (``x=2, y=3``) by quantity
+   (a labelled prediction) or in order (an unlabelled one); an ordered tuple or interval when the gold is one group in
    parentheses or brackets (``(6,31,-1)``, ``(3,4]``: same order and brackets), else an "all solutions"
    answer compared as a set (``1,-2`` = ``-2, 1``; a bare list and ``\\{...\\}`` are sets);
-5. one side a plain number, the other an expression in free variables or a tuple / list / interval (a
-   comma) -> False (``number_vs_expression``);
-6. otherwise math-verify ``verify(parse(gold), parse(pred))`` in the process pool (``math_verify``) on the
-   cleaned texts (``normalize.clean_answer``), with a per-pair deadline; a pair that times out or whose
-   worker dies is False with the reason.
+6. one side a plain number, the other an expression in free variables without a function (a polynomial or
+   rational expression: it equals no constant) or a tuple / list / interval (a comma) -> False
+   (``number_vs_expression``); a function of a variable (``\\sin^2 t + \\cos^2 t``) may be an identity and
+   goes on;
+7. otherwise math-verify ``verify(parse(gold), parse(pred))`` in the process pool (``math_verify``) on the
+   cleaned texts (``normalize.clean_answer``), and when it says False the symbolic fallback
+   (``symbolic.symbolic_equal``: sympy simplification, plain/CAS notation too; its assumptions and refusals
+   are in that module), both under one per-pair deadline; a pair that times out or whose worker dies is
+   False with the reason.
 
 A list gold (Minerva, OlympiadBench) is any-of over its candidates. ``grade_many`` is the batch form RL and
 evaluation use: it decides what it can on the fast path, deduplicates the rest, and sends only that to the
@@ -32,13 +41,16 @@ from typing import Any
 
 from components.grading.config import GradingConfig
 from components.grading.normalize import (
+    answer_label,
     clean_answer,
     gold_candidates,
     has_free_symbols,
     normalize_answer,
+    notation,
     numbers_equal,
     read_number,
     reduce_relation,
+    relation_label,
     split_equals,
     strip_delimiters,
     top_level_split,
@@ -57,7 +69,8 @@ _VERDICT_CACHE_MAX = 1 << 17
 class Verdict:
     """The grade of one (pred, gold): ``equal``, the deciding ``method``, and ``reason`` when not graded.
 
-    ``method`` is ``no_answer``, ``exact``, ``numeric``, ``list``, ``number_vs_expression``, ``math_verify`` or
+    ``method`` is ``no_answer``, ``relation``, ``exact``, ``numeric``, ``list``, ``number_vs_expression``,
+    ``math_verify`` (the pool's verdict: math-verify, then the symbolic fallback when it said unequal) or
     ``failed`` (timeout / worker crash / parser error; ``reason`` says which).
     """
 
@@ -91,6 +104,32 @@ def _element_values(normalized: str) -> list[Fraction] | None:
         return None
     values = [read_number(reduce_relation(part)) for part in parts]
     return None if any(v is None for v in values) else values  # type: ignore[return-value]
+
+
+def _element_labels(normalized: str) -> list[str | None]:
+    return [relation_label(part) for part in top_level_split(normalized, ",")]
+
+
+def labelled_list_verdict(pred_norm: str, gold_norm: str, rel_tol: float) -> Verdict | None:
+    """A gold that assigns values to distinct quantities (``x=2, y=3``): a labelled prediction must give each
+    quantity its value (``y=3, x=2`` yes, ``x=3, y=2`` no), an unlabelled one must list them in order."""
+    gold_labels = _element_labels(gold_norm)
+    if len(gold_labels) < 2 or None in gold_labels or len(set(gold_labels)) != len(gold_labels):
+        return None
+    gold_values, pred_values = _element_values(gold_norm), _element_values(_set_inside(pred_norm))
+    if gold_values is None or pred_values is None:
+        return None
+    pred_labels = _element_labels(_set_inside(pred_norm))
+    if len(pred_values) != len(gold_values):
+        return Verdict(False, "list")
+    if all(label is None for label in pred_labels):
+        pairs = list(zip(pred_values, gold_values, strict=True))
+    elif None in pred_labels or sorted(pred_labels) != sorted(gold_labels):  # type: ignore[type-var]
+        return Verdict(False, "relation")
+    else:
+        by_label = dict(zip(pred_labels, pred_values, strict=True))
+        pairs = [(by_label[label], value) for label, value in zip(gold_labels, gold_values, strict=True)]
+    return Verdict(all(numbers_equal(p, g, rel_tol) for p, g in pairs), "list")
 
 
 def _brackets(normalized: str) -> tuple[str, str, str] | None:
@@ -155,6 +194,11 @@ def fast_verdict(pred: str, gold: str, rel_tol: float) -> Verdict | None:
     pred_norm = normalize_answer(pred)
     if not pred_norm:
         return Verdict(False, "no_answer")
+    gold_label, pred_label = answer_label(gold), answer_label(pred)
+    if gold_label is not None and pred_label is not None and gold_label != pred_label:
+        # Two assignments to different quantities (`y = 2` for `x = 2`, `\cot t = 2` for `\tan t = 2`)
+        # are different answers whatever their values.
+        return Verdict(False, "relation")
     gold_norm = normalize_answer(gold)
     if pred_norm == gold_norm:
         return Verdict(True, "exact")
@@ -165,7 +209,9 @@ def fast_verdict(pred: str, gold: str, rel_tol: float) -> Verdict | None:
     if pred_values and gold_values:
         equal = any(numbers_equal(p, g, rel_tol) for p in pred_values for g in gold_values)
         return Verdict(equal, "numeric")
-    listed = list_verdict(pred_norm, gold_norm, rel_tol)
+    listed = labelled_list_verdict(_notation_of(pred), _notation_of(gold), rel_tol)
+    if listed is None:
+        listed = list_verdict(pred_norm, gold_norm, rel_tol)
     if listed is not None:
         return listed
     # A plain number never equals an expression in free variables or a tuple/list/interval; math-verify
@@ -176,8 +222,23 @@ def fast_verdict(pred: str, gold: str, rel_tol: float) -> Verdict | None:
     return None
 
 
+# A function of a variable can equal a constant through an identity (`\sin^2 t + \cos^2 t` = 1), which the
+# symbolic fallback decides; a polynomial or rational expression in free variables cannot without cancelling
+# to a number, which no answer writes, so it stays on the fast path.
+_FUNCTION = re.compile(
+    r"\\(?:sin|cos|tan|cot|sec|csc|sinh|cosh|tanh|arcsin|arccos|arctan|log|ln|exp)(?![A-Za-z])"
+    r"|\b(?:sin|cos|tan|cot|sec|csc|log|ln|exp)\("
+)
+
+
+def _notation_of(answer: str) -> str:
+    return notation(answer)[0]
+
+
 def _not_a_scalar(normalized: str) -> bool:
-    return "," in normalized or has_free_symbols(normalized)
+    if "," in normalized:
+        return True
+    return has_free_symbols(normalized) and _FUNCTION.search(normalized) is None
 
 
 def _combine(verdicts: Sequence[Verdict]) -> Verdict:
@@ -263,6 +324,8 @@ def clear_caches() -> None:
     _VERDICT_CACHE.clear()
     normalize_answer.cache_clear()
     clean_answer.cache_clear()
+    answer_label.cache_clear()
+    notation.cache_clear()
     read_number.cache_clear()
     has_free_symbols.cache_clear()
     _extract.cache_clear()

@@ -1,4 +1,6 @@
-"""What runs inside a grading worker process: math-verify on (gold, pred) pairs under a per-pair deadline.
+"""What runs inside a grading worker process: math-verify on (gold, pred) pairs under a per-pair deadline,
+then, for a pair math-verify calls unequal, the symbolic fallback (``symbolic.symbolic_equal``) under the
+same deadline.
 
 math-verify's own timeout arms SIGALRM with whole seconds and only works in a main thread; a pool worker
 runs tasks in its main thread, so here we arm our own ``setitimer`` deadline (fractional seconds) around
@@ -29,6 +31,7 @@ def _on_alarm(signum: int, frame: Any) -> None:
 def init_worker() -> None:
     """Pool initializer: import math-verify once and silence its 'timeout disabled' warning."""
     import math_verify  # noqa: F401 - warm import so the first task does not pay for it
+    import sympy.parsing.sympy_parser  # noqa: F401 - the symbolic fallback's plain-notation parser
 
     logging.getLogger("math_verify").setLevel(logging.ERROR)
     signal.signal(signal.SIGALRM, _on_alarm)
@@ -52,6 +55,11 @@ def verify_pair(gold: str, pred: str, timeout_s: float) -> PairResult:
         gold_parsed = parse(as_boxed(gold), parsing_timeout=None)
         pred_parsed = parse(as_boxed(pred), parsing_timeout=None)
         equal = bool(verify(gold_parsed, pred_parsed, timeout_seconds=None))
+        if not equal:
+            # What math-verify misses (plain/CAS notation, identities): only ever turns False into True.
+            from components.grading.symbolic import symbolic_equal
+
+            equal = bool(symbolic_equal(gold, pred))
     except PairDeadline:
         return False, f"timeout after {timeout_s:g}s"
     except Exception as err:  # a parser bug on one odd answer must not fail its whole chunk

@@ -231,17 +231,34 @@ def is_label(text: str) -> bool:
     return bool(t.strip()) and _LABEL.match(t) is not None and any(c.isalpha() for c in t)
 
 
+def _one_group(s: str) -> bool:
+    """True when one pair of parentheses spans the whole of ``s``."""
+    if len(s) < 2 or s[0] != "(" or s[-1] != ")":
+        return False
+    depth = 0
+    for i, ch in enumerate(s):
+        depth += ch == "("
+        depth -= ch == ")"
+        if depth == 0 and i < len(s) - 1:
+            return False
+    return True
+
+
 def reduce_relation(s: str) -> str:
     """The value a relation states: ``x = 3`` -> ``3``; a chain -> its last right-hand side; ``x \\approx 1.3``
     -> ``1.3``; ``1/3 \\approx 0.33`` -> ``1/3``. A list, an inequality or an equation between expressions
     (``2x + y = 1``) is returned unchanged."""
     if _top_level(s, ",") or _top_level(s, ";"):
         return s
+    if _one_group(s) and len(split_equals(s[1:-1])) > 1:
+        s = s[1:-1]  # `(35 + 70 = 105)`: a computation in parentheses is the computation
     parts = split_equals(s)
     if len(parts) >= 3 and all(p.strip() for p in parts):
         s = parts[-1]
     elif len(parts) == 2 and parts[1].strip() and is_label(parts[0]):
         s = parts[1]
+    elif len(parts) == 2 and parts[0].strip() and is_label(parts[1]):
+        s = parts[0]  # `2 = x`: the same assignment written the other way round
     elif (
         len(parts) == 2
         and parts[1].strip()
@@ -263,13 +280,59 @@ def reduce_relation(s: str) -> str:
     return s.strip()
 
 
+_LABEL_GROUPING = re.compile(r"[{}()\s]")
+
+
+def relation_label(relation: str) -> str | None:
+    """The quantity an assignment names (``x`` in ``x = 2``, ``2 = x`` or ``x = 5 + 6 = 11``), written so that
+    ``\\tan(t)`` and ``\\tan t`` agree; None for a bare value, a list or an equation between expressions.
+
+    The grader compares it when both answers are assignments: ``y = 2`` is not the answer ``x = 2``.
+    """
+    if _top_level(relation, ",") or _top_level(relation, ";"):
+        return None
+    parts = split_equals(relation)
+    if len(parts) < 2 or not all(p.strip() for p in parts):
+        return None
+    if is_label(parts[0]):
+        label = parts[0]
+    elif len(parts) == 2 and is_label(parts[1]):
+        label = parts[1]
+    else:
+        return None
+    return _LABEL_GROUPING.sub("", _LEFT_RIGHT.sub("", label))
+
+
+@lru_cache(maxsize=1 << 16)
+def answer_label(answer: str) -> str | None:
+    """``relation_label`` of a whole answer after the notational normalisation (see ``normalize_answer``)."""
+    return relation_label(notation(answer)[0])
+
+
 @lru_cache(maxsize=1 << 16)
 def normalize_answer(answer: str) -> str:
     """A canonical string for ``answer``: equal outputs mean the answers are written-variants of each other.
 
     All whitespace is removed last, so ``[1, 2)`` and ``[1,2)`` agree. The result is for comparison only;
-    math-verify gets the original text (removing spaces can glue LaTeX commands to letters).
+    math-verify gets the original text (removing spaces can glue LaTeX commands to letters). An assignment
+    is reduced to its value (``reduce_relation``); its label is ``answer_label``.
     """
+    s, spaced_list = notation(answer)
+    s = reduce_relation(s)
+    choice = _CHOICE.match(s)
+    if choice:
+        s = choice.group(1).upper()
+    elif number := _PAREN_NUMBER.match(s):  # `\textbf{(211)}`: an answer choice written as a number
+        s = number.group(1)
+    if not spaced_list and _THOUSANDS.match(s):
+        s = s.replace(",", "")
+    return s
+
+
+@lru_cache(maxsize=1 << 16)
+def notation(answer: str) -> tuple[str, bool]:
+    """The notational part of ``normalize_answer`` (everything before a relation is reduced), and whether
+    the answer separated list items with spaces."""
     s = strip_delimiters(clean_answer(answer))
     previous = None
     while s != previous:  # peel nested wrappers and stacked units: `$\boxed{\text{(C)}}$`, `$5$\text{ cm}`
@@ -277,7 +340,7 @@ def normalize_answer(answer: str) -> str:
         s = _strip_sign_off(strip_delimiters(_unwrap_whole(s.strip())))
     choice = _TEXT_CHOICE.match(s)
     if choice:
-        return choice.group(1).upper()
+        return choice.group(1).upper(), False
     s = _TEXT_WRAPPED.sub(r"\1", s)
     s = _LEFT_RIGHT.sub("", s)
     s = _SPACING.sub("", s)
@@ -290,15 +353,7 @@ def normalize_answer(answer: str) -> str:
     s = _FRAC_SHORT.sub(r"\\frac{\1}{\2}", s)
     s = _SQRT_SHORT.sub(r"\\sqrt{\1}", s)
     s = s.rstrip(".")
-    s = reduce_relation(s)
-    choice = _CHOICE.match(s)
-    if choice:
-        s = choice.group(1).upper()
-    elif number := _PAREN_NUMBER.match(s):  # `\textbf{(211)}`: an answer choice written as a number
-        s = number.group(1)
-    if not spaced_list and _THOUSANDS.match(s):
-        s = s.replace(",", "")
-    return s
+    return s, spaced_list
 
 
 @lru_cache(maxsize=1 << 16)
