@@ -138,7 +138,7 @@ def run_tiny_stages(device: torch.device, cpu: bool, stages: list[str]) -> list[
     home = Path.cwd()
     work = Path(tempfile.mkdtemp(prefix="npr-smoke-"))
     try:
-        for name in ("dvc.yaml", "configs", "prompts", "components", "flows", "eval"):
+        for name in ("dvc.yaml", "configs", "prompts", "components", "flows", "eval", "models"):  # models: the seed
             (work / name).symlink_to(ROOT / name)
         os.chdir(work)
         cfg = materialise_profile("tiny", stage_overrides(device.type, dtype, cpu), dest=work / "params.yaml")
