@@ -327,24 +327,37 @@ def response_text(raw: bytes, name: str) -> str:
 @app.command("eval")
 def eval_(
     checkpoint: Annotated[Path, typer.Option(help="A model directory")],
-    benchmarks: Annotated[str, typer.Option(help="Comma-separated benchmark names")],
+    benchmarks: Annotated[
+        str,
+        typer.Option(
+            help="Comma-separated benchmark names and/or benchmark files (.jsonl or .json: one object per "
+            "problem with `problem` and `answer`, and optionally `id`; see --problem-field)"
+        ),
+    ],
     k: Annotated[int | None, typer.Option(help="Samples per problem (default: params.yaml)")] = None,
     mode: Annotated[str, typer.Option(help="parallel | sequential")] = "parallel",
     out: Annotated[Path, typer.Option(help="Output directory")] = Path("artifacts/adhoc_eval"),
+    problem_field: Annotated[str, typer.Option(help="A benchmark file's problem field")] = "problem",
+    answer_field: Annotated[
+        str, typer.Option(help="A benchmark file's answer field (a string, a number or a list of them)")
+    ] = "answer",
+    id_field: Annotated[str, typer.Option(help="A benchmark file's id field (absent: the row index)")] = "id",
     set_: SetOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Evaluate one checkpoint ad hoc with the same code as the evaluate stage; ends with its table."""
+    """Evaluate one checkpoint ad hoc with the same code as the evaluate stage; ends with its table.
+
+    A bad benchmark name or file is one line and exit status 2.
+    """
+    from components.data.benchmarks import FieldMap
     from components.evaluation.adhoc import evaluate_checkpoint
 
     cfg = _load(None, set_)
     names = [b.strip() for b in benchmarks.split(",") if b.strip()]
-    try:
-        summary = evaluate_checkpoint(
-            cfg, checkpoint=checkpoint, benchmarks=names, k=k, mode=mode, out_dir=out
-        )
-    except (FileNotFoundError, ValueError, KeyError) as err:
-        _fail(f"eval failed: {err}", 1)
+    fields = FieldMap(problem=problem_field, answer=answer_field, id=id_field)
+    summary = evaluate_checkpoint(
+        cfg, checkpoint=checkpoint, benchmarks=names, k=k, mode=mode, out_dir=out, fields=fields
+    )
     if as_json:
         typer.echo(json.dumps(summary, indent=2, default=str))
     else:

@@ -505,11 +505,13 @@ def evaluate_checkpoints(
     benchmarks: Sequence[BenchmarkSpec],
     problems_dir: Path | None,
     work_dir: Path | None = None,
+    preloaded: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
 ) -> EvalResult:
     """Evaluate every checkpoint on every benchmark; the one code path behind every evaluation number.
 
     ``work_dir``: where finished checkpoints are kept so a rerun resumes (and a launched SGLang server
-    writes its log); None keeps nothing.
+    writes its log); None keeps nothing. ``preloaded``: problems of benchmarks that are not registered
+    names (a user's file, ``npr eval --benchmarks file.jsonl``), by benchmark name.
     """
     from components.prompts import prompt_fingerprint
 
@@ -518,7 +520,13 @@ def evaluate_checkpoints(
         raise ValueError("no checkpoints to evaluate")
     if not benchmarks:
         raise ValueError("no benchmarks to evaluate (evaluate.benchmarks is empty)")
-    problems = {spec.name: load_benchmark_problems(spec, ecfg, problems_dir) for spec in benchmarks}
+    preloaded = preloaded or {}
+    problems = {
+        spec.name: list(preloaded[spec.name])
+        if spec.name in preloaded
+        else load_benchmark_problems(spec, ecfg, problems_dir)
+        for spec in benchmarks
+    }
     result = EvalResult(
         metrics={
             "settings": {
