@@ -59,8 +59,12 @@ app = typer.Typer(
 )
 config_app = typer.Typer(no_args_is_help=True, help="Show or materialise the typed config.")
 data_app = typer.Typer(no_args_is_help=True, help="Raw input data (tracked by data.dvc).")
+nightly_app = typer.Typer(
+    no_args_is_help=True, help="The nightly regression gate: promote a checkpoint, run it."
+)
 app.add_typer(config_app, name="config")
 app.add_typer(data_app, name="data")
+app.add_typer(nightly_app, name="nightly")
 
 SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="Override a key: section.key=value")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the full result as JSON instead of a table")]
@@ -364,6 +368,90 @@ def eval_(
         _print_summary("eval", summary.get("metrics", summary), f"full record: {out / 'metrics.json'}")
     if summary.get("report"):
         typer.echo(f"report: {summary['report']}")
+
+
+def _nightly_profile(profile: str | None) -> str:
+    """The profile the nightly evaluates with: ``--profile``, else params.yaml's, else tiny."""
+    if profile:
+        return profile
+    from components.config import PARAMS_FILE
+
+    return _load().profile if PARAMS_FILE.exists() else "tiny"
+
+
+ProfileOpt = Annotated[str | None, typer.Option(help="Profile (default: params.yaml's)")]
+
+
+@nightly_app.command("promote")
+def nightly_promote(
+    checkpoint: Annotated[str, typer.Argument(help="A model directory (artifacts/papo_rl/model) or a stage")],
+    profile: ProfileOpt = None,
+    force: Annotated[bool, typer.Option("--force", help="Promote even if the candidate regresses")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Evaluate CHECKPOINT once and make it the nightly's baseline (nightly.baseline_dir, DVC-tracked).
+
+    A baseline of another checkpoint with the same settings is compared first (noise-aware); a regression
+    refuses the promotion (exit 1) unless --force.
+    """
+    from flows.nightly import PromotionRefused, promote
+
+    name = _nightly_profile(profile)
+    try:
+        outcome = promote(name, checkpoint, force=force, command=f"npr nightly promote {checkpoint}")
+    except PromotionRefused as err:
+        _fail(f"error: {user_error_line(err)}", 1)
+    if as_json:
+        typer.echo(json.dumps(outcome, indent=2, default=str))
+        return
+    typer.echo(
+        f"promoted {outcome['checkpoint']} ({outcome['checkpoint_hash']}): baseline {outcome['baseline']}"
+    )
+    if outcome["compared_with"]:
+        typer.echo(f"previous baseline: {outcome['compared_with']}")
+    typer.echo(f"dvc: {outcome['dvc']}")
+
+
+@nightly_app.command("run")
+def nightly_run(
+    profile: ProfileOpt = None,
+    checkpoint: Annotated[
+        str | None, typer.Option(help="Model directory or stage (default: nightly.checkpoint)")
+    ] = None,
+    baseline: Annotated[
+        str | None, typer.Option(help="Baseline tag or file (default: <profile>-<checkpoint>)")
+    ] = None,
+) -> None:
+    """Run the nightly gate now (the `nightly-eval` flow; on the running Prefect server when there is one).
+
+    Exit 0 on pass or warn, 1 on a regression (the alert file and webhook say so), 2 when the baseline is
+    of another checkpoint or other settings (the message says what to run).
+    """
+    from flows.nightly import nightly_eval
+
+    state = nightly_eval(
+        profile=_nightly_profile(profile), checkpoint=checkpoint, baseline=baseline, return_state=True
+    )
+    if state.is_completed():
+        summary = state.result()
+        typer.echo(f"nightly gate: {summary['verdict'].upper()}; diff table: {summary['diff_table']}")
+        for warning in summary["warnings"]:
+            typer.echo(f"  warn {warning}")
+        return
+    try:
+        data = state.result(raise_on_failure=False)
+    except Exception as err:  # noqa: BLE001 - the flow's own exception, re-raised below when not the user's
+        data = err
+    if isinstance(data, BaseException):
+        if isinstance(data, USER_ERRORS):
+            raise data
+        _fail(f"nightly gate ended in state {state.type.value}: {state.message}", 1)
+    alert = data.get("alert_file") if isinstance(data, dict) else None
+    _fail(
+        f"nightly gate FAILED: {state.message}"
+        + (f"; alert written to {alert} (webhook: {data.get('webhook')})" if alert else ""),
+        1,
+    )
 
 
 @app.command("plots", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

@@ -115,6 +115,24 @@ def engine_version(ecfg: EvaluateConfig) -> dict[str, str]:
     return out
 
 
+def grader_version(grading: Any) -> dict[str, str]:
+    """What grades an evaluation: the math-verify release and a fingerprint of the evaluation's grading
+    settings (answer extraction, numeric tolerance, timeout). Pinned in a baseline, like the sampling."""
+    import json
+
+    try:
+        verifier = version("math-verify")
+    except PackageNotFoundError:
+        verifier = "not installed"
+    settings = {
+        "extraction": grading.extraction.for_purpose("evaluation").model_dump(mode="json"),
+        "float_rel_tol": grading.float_rel_tol,
+        "timeout_s": grading.timeout_s,
+    }
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+    return {"math-verify": verifier, "settings": digest}
+
+
 def checkpoint_hash(model_dir: Path | str) -> str:
     """sha256 over the relative names and bytes of every file in a model directory (sorted)."""
     model_dir = Path(model_dir)
@@ -533,6 +551,7 @@ def evaluate_checkpoints(
                 "sampling": sampling_settings(ecfg),
                 "prompt_hash": prompt_fingerprint(cfg.prompts)["prompt_hash"],
                 "engine_version": engine_version(ecfg),
+                "grader_version": grader_version(cfg.grading),
                 "schema": cfg.schema_name,
             },
             "checkpoints": {},

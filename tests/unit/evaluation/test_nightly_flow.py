@@ -15,8 +15,9 @@ import yaml
 import flows.nightly as nightly
 from components.artifacts import read_json
 from components.config import load_config
-from components.evaluation.gate import gate_checkpoint, load_baseline, write_baseline
-from components.evaluation.runner import EvalResult
+from components.evaluation.gate import GateRefused, gate_checkpoint, load_baseline, write_baseline
+from components.evaluation.runner import EvalResult, checkpoint_hash
+from tests.unit.evaluation.conftest import SETTINGS
 
 
 class CannedEvaluation:
@@ -49,14 +50,21 @@ def setup(tmp_path: Path, in_repo: Path, monkeypatch: pytest.MonkeyPatch, make_e
     monkeypatch.setattr(nightly, "evaluate_promoted", canned)
     checkpoint = tmp_path / "papo_rl" / "model"
     checkpoint.mkdir(parents=True)
-    write_baseline(
-        make_eval(0.60), cfg, Path(cfg.nightly.baseline_dir) / "tiny-papo_rl.yaml", command="pytest"
-    )
-    return {"cfg": cfg, "canned": canned, "checkpoint": str(checkpoint), "tmp": tmp_path}
+    (checkpoint / "model.safetensors").write_bytes(b"weights")
+    digest = checkpoint_hash(checkpoint)
+    # canned evaluations of this checkpoint with this profile's settings (what the real runner records)
+    _, settings = nightly.planned_evaluation(cfg, nightly.resolve_checkpoint(cfg, str(checkpoint)), digest)
+
+    def ev(accuracy: float = 0.60, **kw: Any) -> dict[str, Any]:
+        kw.setdefault("settings", {**settings, "engine_version": SETTINGS["engine_version"]})
+        return make_eval(accuracy, checkpoint_hash=kw.pop("checkpoint_hash", digest), n_samples=2, k=2, **kw)
+
+    write_baseline(ev(0.60), cfg, Path(cfg.nightly.baseline_dir) / "tiny-papo_rl.yaml", command="pytest")
+    return {"cfg": cfg, "canned": canned, "checkpoint": str(checkpoint), "tmp": tmp_path, "ev": ev}
 
 
 def test_green_night_completes_writes_the_diff_and_becomes_last_green(setup: dict, make_eval: Any) -> None:
-    setup["canned"].queue.append(make_eval(0.61))
+    setup["canned"].queue.append(setup["ev"](0.61))
     summary = nightly.nightly_eval.fn(profile="tiny", checkpoint=setup["checkpoint"])
     assert summary["verdict"] == "pass" and summary["failures"] == []
     assert summary["published"] is False and summary["alerted"] is False  # no flow run, W&B offline
@@ -67,7 +75,7 @@ def test_green_night_completes_writes_the_diff_and_becomes_last_green(setup: dic
 
 
 def test_regression_ends_failed_and_keeps_the_last_green(setup: dict, make_eval: Any) -> None:
-    setup["canned"].queue += [make_eval(0.61), make_eval(0.45)]
+    setup["canned"].queue += [setup["ev"](0.61), setup["ev"](0.45)]
     nightly.nightly_eval.fn(profile="tiny", checkpoint=setup["checkpoint"])
     state = nightly.nightly_eval.fn(profile="tiny", checkpoint=setup["checkpoint"])
     assert state.is_failed()
@@ -80,13 +88,13 @@ def test_regression_ends_failed_and_keeps_the_last_green(setup: dict, make_eval:
 
 
 def test_format_collapse_fails_the_night(setup: dict, make_eval: Any) -> None:
-    setup["canned"].queue.append(make_eval(0.61, format_valid_rate=0.2))
+    setup["canned"].queue.append(setup["ev"](0.61, format_valid_rate=0.2))
     state = nightly.nightly_eval.fn(profile="tiny", checkpoint=setup["checkpoint"])
     assert state.is_failed() and "format_valid_rate" in state.message
 
 
 def test_drift_from_last_green_warns_and_compares_with_both(setup: dict, make_eval: Any) -> None:
-    setup["canned"].queue += [make_eval(0.80), make_eval(0.62)]
+    setup["canned"].queue += [setup["ev"](0.80), setup["ev"](0.62)]
     assert nightly.nightly_eval.fn(profile="tiny", checkpoint=setup["checkpoint"])["verdict"] == "pass"
     summary = nightly.nightly_eval.fn(profile="tiny", checkpoint=setup["checkpoint"])
     assert summary["verdict"] == "warn"
@@ -97,8 +105,31 @@ def test_drift_from_last_green_warns_and_compares_with_both(setup: dict, make_ev
 
 
 def test_missing_baseline_fails_before_evaluating(setup: dict) -> None:
-    with pytest.raises(FileNotFoundError, match="write_baseline"):
+    with pytest.raises(FileNotFoundError, match="npr nightly promote"):
         nightly.nightly_eval.fn(profile="tiny", checkpoint=setup["checkpoint"], baseline="no-such-tag")
+    assert setup["canned"].calls == 0
+
+
+def test_a_baseline_of_another_checkpoint_is_refused_before_evaluating(setup: dict) -> None:
+    """The fresh clone's case: the workspace's checkpoint was retrained since the baseline was promoted."""
+    Path(setup["checkpoint"], "model.safetensors").write_bytes(b"retrained weights")
+    with pytest.raises(GateRefused) as err:
+        nightly.nightly_eval.fn(profile="tiny", checkpoint=setup["checkpoint"])
+    message = str(err.value)
+    assert "baseline of checkpoint" in message and "not a regression" in message
+    assert f"npr nightly promote {setup['checkpoint']}" in message
+    assert setup["canned"].calls == 0
+    assert not (Path(setup["cfg"].nightly.report_dir) / "gate.json").exists()
+
+
+def test_other_settings_are_refused_before_evaluating(setup: dict) -> None:
+    setup["cfg"].evaluate.generation.merge_mode = "reprefill"
+    with pytest.raises(GateRefused, match="sampling.merge_mode shared_kv in the baseline, reprefill now"):
+        nightly.nightly_eval.fn(profile="tiny", checkpoint=setup["checkpoint"])
+    setup["cfg"].evaluate.generation.merge_mode = "shared_kv"
+    setup["cfg"].evaluate.benchmarks[0].k = 1
+    with pytest.raises(GateRefused, match="tiny_test.k 2 in the baseline, 1 now"):
+        nightly.nightly_eval.fn(profile="tiny", checkpoint=setup["checkpoint"])
     assert setup["canned"].calls == 0
 
 
@@ -120,7 +151,7 @@ def test_baseline_resolution_and_benchmark_selection(setup: dict) -> None:
 def test_a_failed_night_is_logged_to_wandb_offline_without_alerting(setup: dict, make_eval: Any) -> None:
     cfg = setup["cfg"]
     cfg.tracking.mode = "offline"
-    result = EvalResult(metrics=make_eval(0.45))
+    result = EvalResult(metrics=setup["ev"](0.45))
     baseline = load_baseline(Path(cfg.nightly.baseline_dir) / "tiny-papo_rl.yaml")
     gate = gate_checkpoint(
         result.metrics["checkpoints"]["papo_rl"], result.metrics["settings"], baseline, cfg.nightly
