@@ -494,10 +494,10 @@ def server(
 
 @app.command("worker")
 def worker(pool: Annotated[str, typer.Option(help="Work pool: cpu | gpu")] = "cpu") -> None:
-    """Start a Prefect worker for a pool."""
+    """Run a Prefect worker for a pool until Ctrl-C, SIGTERM or SIGHUP (which stop it and its flow runs)."""
     from components.ops.prefect_ops import start_worker
 
-    start_worker(pool)
+    raise typer.Exit(start_worker(pool))
 
 
 def configure_logging() -> None:
