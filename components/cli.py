@@ -65,6 +65,8 @@ nightly_app = typer.Typer(
 app.add_typer(config_app, name="config")
 app.add_typer(data_app, name="data")
 app.add_typer(nightly_app, name="nightly")
+storage_app = typer.Typer(no_args_is_help=True, help="The DVC remote's storage.")
+app.add_typer(storage_app, name="storage")
 
 SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="Override a key: section.key=value")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the full result as JSON instead of a table")]
@@ -451,6 +453,27 @@ def nightly_run(
         f"nightly gate FAILED: {state.message}"
         + (f"; alert written to {alert} (webhook: {data.get('webhook')})" if alert else ""),
         1,
+    )
+
+
+@storage_app.command("init")
+def storage_init(
+    url: Annotated[str, typer.Argument(help="s3://bucket/prefix")],
+    remote: Annotated[str, typer.Option(help="DVC remote name")] = "s3",
+    create: Annotated[bool, typer.Option(help="Create the bucket when it does not exist")] = True,
+    default: Annotated[bool, typer.Option(help="Make it DVC's default remote on this machine")] = True,
+) -> None:
+    """Create the bucket if allowed, point the DVC remote at it (.dvc/config.local), check a probe object."""
+    from components.storage_init import init_s3
+
+    done = init_s3(url, Path("."), remote=remote, create=create, default=default)
+    typer.echo(f"bucket {done['bucket']}: {'created' if done['created'] else 'exists'}")
+    typer.echo(
+        f"DVC remote {done['remote']!r} = {url} in {done['config']}" + (" (default)" if default else "")
+    )
+    typer.echo(f"probe: {done['probe']}")
+    typer.echo(
+        f"the pipeline pushes to storage.remote: `npr run --set storage.remote={done['remote']}` to use it"
     )
 
 
