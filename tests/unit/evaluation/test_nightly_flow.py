@@ -41,10 +41,12 @@ def setup(tmp_path: Path, in_repo: Path, monkeypatch: pytest.MonkeyPatch, make_e
             f"nightly.baseline_dir={tmp_path / 'baselines'}",
             f"nightly.state_file={tmp_path / 'state' / 'last_green.json'}",
             f"nightly.report_dir={tmp_path / 'nightly'}",
+            f"nightly.alert_file={tmp_path / 'nightly' / 'alerts.jsonl'}",
             "tracking.mode=disabled",  # W&B offline costs seconds per run; one test below uses it
         ],
     )
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.delenv("NPR_ALERT_WEBHOOK", raising=False)
     monkeypatch.setattr(nightly, "load_config", lambda profile: cfg)
     canned = CannedEvaluation()
     monkeypatch.setattr(nightly, "evaluate_promoted", canned)
@@ -85,6 +87,58 @@ def test_regression_ends_failed_and_keeps_the_last_green(setup: dict, make_eval:
     # The failed night did not replace the drift reference.
     last = read_json(setup["cfg"].nightly.state_file)["checkpoint"]["benchmarks"]["tiny_test"]
     assert last["accuracy"] == 0.61
+
+
+def test_a_failed_night_alerts_through_the_webhook_and_the_alert_file(
+    setup: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    received: list[dict] = []
+
+    class Receiver(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("NPR_ALERT_WEBHOOK", f"http://127.0.0.1:{server.server_port}/hook")
+    try:
+        setup["canned"].queue.append(setup["ev"](0.45))
+        state = nightly.nightly_eval.fn(profile="tiny", checkpoint=setup["checkpoint"])
+    finally:
+        server.shutdown()
+    assert state.is_failed()
+    summary = state.data
+    assert summary["webhook"] == "sent (HTTP 204)"
+    (posted,) = received
+    assert posted["verdict"] == "fail" and posted["checkpoint"] == "papo_rl"
+    assert "tiny_test/accuracy" in posted["text"] and posted["diff_table"].endswith("gate.md")
+    (line,) = Path(summary["alert_file"]).read_text().splitlines()
+    assert json.loads(line)["failures"] == posted["failures"]
+
+
+def test_an_unreachable_webhook_is_recorded_and_the_night_still_fails(
+    setup: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NPR_ALERT_WEBHOOK", "http://127.0.0.1:9/hook")  # nothing listens on port 9
+    setup["canned"].queue.append(setup["ev"](0.45))
+    state = nightly.nightly_eval.fn(profile="tiny", checkpoint=setup["checkpoint"])
+    assert state.is_failed() and state.data["webhook"].startswith("failed: ")
+    assert "failed: " in Path(state.data["alert_file"]).read_text()
+
+
+def test_a_green_night_alerts_no_one(setup: dict) -> None:
+    setup["canned"].queue.append(setup["ev"](0.61))
+    nightly.nightly_eval.fn(profile="tiny", checkpoint=setup["checkpoint"])
+    assert not Path(setup["cfg"].nightly.alert_file).exists()
 
 
 def test_format_collapse_fails_the_night(setup: dict, make_eval: Any) -> None:
