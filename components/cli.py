@@ -429,11 +429,11 @@ def nightly_run(
     Exit 0 on pass or warn, 1 on a regression (the alert file and webhook say so), 2 when the baseline is
     of another checkpoint or other settings (the message says what to run).
     """
-    from flows.nightly import nightly_eval
+    from flows.nightly import nightly_eval, preflight
 
-    state = nightly_eval(
-        profile=_nightly_profile(profile), checkpoint=checkpoint, baseline=baseline, return_state=True
-    )
+    name = _nightly_profile(profile)
+    preflight(name, checkpoint, baseline)  # a user error or a refusal: one line, exit 2, no flow run
+    state = nightly_eval(profile=name, checkpoint=checkpoint, baseline=baseline, return_state=True)
     if state.is_completed():
         summary = state.result()
         typer.echo(f"nightly gate: {summary['verdict'].upper()}; diff table: {summary['diff_table']}")

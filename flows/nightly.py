@@ -197,17 +197,27 @@ def publish_outcome(
     return {"published": published, "alerted": alerted}
 
 
+def preflight(
+    profile: str, checkpoint: str | None, baseline: str | None
+) -> tuple[PipelineConfig, CheckpointSpec, Path]:
+    """Everything the nightly checks before it evaluates: the config, the checkpoint, its baseline (missing
+    or malformed: a user error) and that the two are comparable (``GateRefused`` otherwise). `npr nightly
+    run` calls it before it starts the flow, so a user error is one line, not a flow run's traceback."""
+    cfg = load_config(profile=profile)
+    ckpt = resolve_checkpoint(cfg, checkpoint)
+    baseline_file = resolve_baseline(cfg, ckpt.name, baseline)
+    promoted = load_baseline(baseline_file)
+    check_comparable(*planned_evaluation(cfg, ckpt, checkpoint_hash(ckpt.path)), promoted)
+    return cfg, ckpt, baseline_file
+
+
 @flow(name="nightly-eval", log_prints=True)
 def nightly_eval(profile: str = "tiny", checkpoint: str | None = None, baseline: str | None = None) -> Any:
     """Evaluate the promoted checkpoint and gate it; a regression ends the run in Failed (and alerts), a
     baseline of another checkpoint or other settings is refused (GateRefused) before evaluating."""
     from components.evaluation.alerts import deliver_alert
 
-    cfg = load_config(profile=profile)
-    ckpt = resolve_checkpoint(cfg, checkpoint)
-    baseline_file = resolve_baseline(cfg, ckpt.name, baseline)
-    promoted = load_baseline(baseline_file)  # missing or malformed: fails before the evaluation is spent
-    check_comparable(*planned_evaluation(cfg, ckpt, checkpoint_hash(ckpt.path)), promoted)
+    cfg, ckpt, baseline_file = preflight(profile, checkpoint, baseline)
     out_dir = Path(cfg.nightly.report_dir)
     result = _step(evaluate_promoted, cfg, ckpt, out_dir)
     gate = _step(gate_against_references, cfg, result, ckpt.name, baseline_file)

@@ -69,23 +69,72 @@ def test_npr_server_records_its_url_for_the_flows_started_by_hand(server: dict[s
     assert running_server_url(server["tmp"] / "elsewhere") is None  # no record: an ephemeral API
 
 
-def test_a_nightly_run_by_hand_uses_the_running_server(server: dict[str, Any]) -> None:
+@pytest.fixture(scope="module")
+def checkout(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A checkout with the promoted seed (the committed tiny instruct model), 10 held-out problems and a
+    `fast` profile: the tiny one evaluated on those 10 problems, one sample each."""
+    import shutil
+
+    import yaml
+
+    from components.artifacts import write_shards
+    from components.data.synthetic import generate_problems
+
+    root = tmp_path_factory.mktemp("nightly_checkout")
+    for name in ("dvc.yaml", "params.yaml"):
+        shutil.copy(REPO / name, root / name)
+    for name in ("configs", "prompts"):
+        shutil.copytree(REPO / name, root / name)
+    fast = yaml.safe_load((REPO / "configs" / "tiny.yaml").read_text())
+    fast["profile"] = "fast"
+    fast["evaluate"]["benchmarks"] = [{"name": "tiny_test", "n_samples": 1, "k": 1, "max_problems": 10}]
+    fast["nightly"].update(benchmarks=["tiny_test"], format_valid_floor=0.0, parallel_rate_floor=0.0)
+    fast["grading"]["workers"] = 1
+    fast["tracking"]["mode"] = "disabled"
+    (root / "configs" / "fast.yaml").write_text(yaml.safe_dump(fast, sort_keys=False))
+    problems = [dict(p, split="test") for p in generate_problems(10, 11, None)]
+    write_shards(root / "artifacts" / "sample_orz" / "problems", problems, 1, stem="test")
+    shutil.copytree(REPO / "models" / "tiny-instruct", root / "artifacts" / "seed" / "model")
+    return root
+
+
+def _npr(args: list[str], cwd: Path, home: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(VENV_BIN / "npr"), *args], cwd=cwd, env=_env(home), capture_output=True, text=True, timeout=300
+    )
+
+
+def test_a_nightly_run_by_hand_uses_the_running_server(server: dict[str, Any], checkout: Path) -> None:
     """Same PREFECT_HOME, no PREFECT_API_URL: the flow run is the server's, no temporary server, no lock."""
-    proc = subprocess.run(
-        [str(VENV_BIN / "npr"), "nightly", "run", "--profile", "tiny", "--checkpoint", "no_such_stage"],
-        cwd=REPO, env=_env(server["home"]), capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 2, output  # the checkpoint is not in the workspace: one line, exit 2
-    assert "no_such_stage/model" in proc.stderr.strip().splitlines()[-1]
+    promoted = _npr(
+        ["nightly", "promote", "artifacts/seed/model", "--profile", "fast"], checkout, server["home"]
+    )
+    assert promoted.returncode == 0, promoted.stdout + promoted.stderr
+    night = _npr(["nightly", "run", "--profile", "fast", "--checkpoint", "seed"], checkout, server["home"])
+    output = night.stdout + night.stderr
+    assert night.returncode == 0 and "nightly gate: PASS" in night.stdout, output[-3000:]
     assert "temporary server" not in output and "database is locked" not in output, output[-3000:]
     from prefect.client.orchestration import get_client
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     with temporary_settings(updates={PREFECT_API_URL: server["url"]}), get_client(sync_client=True) as client:
-        runs = client.read_flow_runs()
-        names = {client.read_flow(r.flow_id).name for r in runs}
-    assert "nightly-eval" in names
+        runs = {client.read_flow(r.flow_id).name: r for r in client.read_flow_runs()}
+    assert runs["nightly-eval"].state.type.value == "COMPLETED"
+
+
+def test_a_refused_night_by_hand_is_one_line_not_a_flow_traceback(
+    server: dict[str, Any], checkout: Path
+) -> None:
+    """After the test above: the workspace's checkpoint changes (a retrain), the baseline is another's."""
+    card = checkout / "artifacts" / "seed" / "model" / "README.md"
+    card.write_text(card.read_text() + "\nretrained\n")
+    night = _npr(["nightly", "run", "--profile", "fast", "--checkpoint", "seed"], checkout, server["home"])
+    assert night.returncode == 2, night.stdout + night.stderr
+    (line,) = night.stderr.strip().splitlines()
+    assert (
+        line.startswith("error: nightly gate refused") and "npr nightly promote artifacts/seed/model" in line
+    )
+    assert "Traceback" not in night.stdout + night.stderr
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
