@@ -170,7 +170,7 @@ def write_baseline(
     ``cfg`` is the PipelineConfig of the run; ``checkpoint`` defaults to ``cfg.nightly.checkpoint``;
     ``benchmarks`` to the ones the nightly runs (``cfg.nightly.benchmarks``, else all of the evaluation's),
     since the gate fails on a baseline benchmark the night did not evaluate.
-    The header comment records how the numbers were produced (baseline updates land by PR, with a reason).
+    The header comment records how the numbers were produced and how to replace them (a promotion).
     """
     name = checkpoint or cfg.nightly.checkpoint
     checkpoints = eval_metrics.get("checkpoints", {})
@@ -211,7 +211,8 @@ def write_baseline(
     header = (
         f"# Baseline of checkpoint '{name}' (profile '{cfg.profile}') for the nightly regression gate.\n"
         f"# Produced by: {command or 'components.evaluation.gate.write_baseline'}\n"
-        "# Update only by PR, with a line saying why the numbers changed.\n"
+        "# It belongs to this checkpoint (checkpoint_hash) and these settings; to gate another checkpoint\n"
+        "# or other settings, promote it: npr nightly promote <checkpoint>.\n"
     )
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
