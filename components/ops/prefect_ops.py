@@ -308,7 +308,9 @@ def start_worker(pool: str) -> int:
         )
     url = os.environ.get("PREFECT_API_URL") or running_server_url() or api_url("127.0.0.1", 4200)
     previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    proc = launch_worker(pool, url, Path(os.environ.get(REPO_DIR_ENV, str(root))), log=None, stdout=None)
+    # flow code is pulled from $NPR_REPO_DIR (prefect.yaml's pull step): this checkout unless set (GPU image)
+    repo_dir = {REPO_DIR_ENV: os.environ.get(REPO_DIR_ENV, str(root))}
+    proc = launch_worker(pool, url, root, env=repo_dir, stdout=None)
     try:
         print(f"worker for pool {pool!r} on {url} (pid {proc.pid})", flush=True)
         return proc.wait()
