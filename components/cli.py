@@ -59,8 +59,14 @@ app = typer.Typer(
 )
 config_app = typer.Typer(no_args_is_help=True, help="Show or materialise the typed config.")
 data_app = typer.Typer(no_args_is_help=True, help="Raw input data (tracked by data.dvc).")
+nightly_app = typer.Typer(
+    no_args_is_help=True, help="The nightly regression gate: promote a checkpoint, run it."
+)
 app.add_typer(config_app, name="config")
 app.add_typer(data_app, name="data")
+app.add_typer(nightly_app, name="nightly")
+storage_app = typer.Typer(no_args_is_help=True, help="The DVC remote's storage.")
+app.add_typer(storage_app, name="storage")
 
 SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="Override a key: section.key=value")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the full result as JSON instead of a table")]
@@ -327,30 +333,148 @@ def response_text(raw: bytes, name: str) -> str:
 @app.command("eval")
 def eval_(
     checkpoint: Annotated[Path, typer.Option(help="A model directory")],
-    benchmarks: Annotated[str, typer.Option(help="Comma-separated benchmark names")],
+    benchmarks: Annotated[
+        str,
+        typer.Option(
+            help="Comma-separated benchmark names and/or benchmark files (.jsonl or .json: one object per "
+            "problem with `problem` and `answer`, and optionally `id`; see --problem-field)"
+        ),
+    ],
     k: Annotated[int | None, typer.Option(help="Samples per problem (default: params.yaml)")] = None,
     mode: Annotated[str, typer.Option(help="parallel | sequential")] = "parallel",
     out: Annotated[Path, typer.Option(help="Output directory")] = Path("artifacts/adhoc_eval"),
+    problem_field: Annotated[str, typer.Option(help="A benchmark file's problem field")] = "problem",
+    answer_field: Annotated[
+        str, typer.Option(help="A benchmark file's answer field (a string, a number or a list of them)")
+    ] = "answer",
+    id_field: Annotated[str, typer.Option(help="A benchmark file's id field (absent: the row index)")] = "id",
     set_: SetOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Evaluate one checkpoint ad hoc with the same code as the evaluate stage; ends with its table."""
+    """Evaluate one checkpoint ad hoc with the same code as the evaluate stage; ends with its table.
+
+    A bad benchmark name or file is one line and exit status 2.
+    """
+    from components.data.benchmarks import FieldMap
     from components.evaluation.adhoc import evaluate_checkpoint
 
     cfg = _load(None, set_)
     names = [b.strip() for b in benchmarks.split(",") if b.strip()]
-    try:
-        summary = evaluate_checkpoint(
-            cfg, checkpoint=checkpoint, benchmarks=names, k=k, mode=mode, out_dir=out
-        )
-    except (FileNotFoundError, ValueError, KeyError) as err:
-        _fail(f"eval failed: {err}", 1)
+    fields = FieldMap(problem=problem_field, answer=answer_field, id=id_field)
+    summary = evaluate_checkpoint(
+        cfg, checkpoint=checkpoint, benchmarks=names, k=k, mode=mode, out_dir=out, fields=fields
+    )
     if as_json:
         typer.echo(json.dumps(summary, indent=2, default=str))
     else:
         _print_summary("eval", summary.get("metrics", summary), f"full record: {out / 'metrics.json'}")
     if summary.get("report"):
         typer.echo(f"report: {summary['report']}")
+
+
+def _nightly_profile(profile: str | None) -> str:
+    """The profile the nightly evaluates with: ``--profile``, else params.yaml's, else tiny."""
+    if profile:
+        return profile
+    from components.config import PARAMS_FILE
+
+    return _load().profile if PARAMS_FILE.exists() else "tiny"
+
+
+ProfileOpt = Annotated[str | None, typer.Option(help="Profile (default: params.yaml's)")]
+
+
+@nightly_app.command("promote")
+def nightly_promote(
+    checkpoint: Annotated[str, typer.Argument(help="A model directory (artifacts/papo_rl/model) or a stage")],
+    profile: ProfileOpt = None,
+    force: Annotated[bool, typer.Option("--force", help="Promote even if the candidate regresses")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Evaluate CHECKPOINT once and make it the nightly's baseline (nightly.baseline_dir, DVC-tracked).
+
+    A baseline of another checkpoint with the same settings is compared first (noise-aware); a regression
+    refuses the promotion (exit 1) unless --force.
+    """
+    from flows.nightly import PromotionRefused, promote
+
+    name = _nightly_profile(profile)
+    try:
+        outcome = promote(name, checkpoint, force=force, command=f"npr nightly promote {checkpoint}")
+    except PromotionRefused as err:
+        _fail(f"error: {user_error_line(err)}", 1)
+    if as_json:
+        typer.echo(json.dumps(outcome, indent=2, default=str))
+        return
+    typer.echo(
+        f"promoted {outcome['checkpoint']} ({outcome['checkpoint_hash']}): baseline {outcome['baseline']}"
+    )
+    if outcome["compared_with"]:
+        typer.echo(f"previous baseline: {outcome['compared_with']}")
+    typer.echo(f"dvc: {outcome['dvc']}")
+
+
+@nightly_app.command("run")
+def nightly_run(
+    profile: ProfileOpt = None,
+    checkpoint: Annotated[
+        str | None, typer.Option(help="Model directory or stage (default: nightly.checkpoint)")
+    ] = None,
+    baseline: Annotated[
+        str | None, typer.Option(help="Baseline tag or file (default: <profile>-<checkpoint>)")
+    ] = None,
+) -> None:
+    """Run the nightly gate now (the `nightly-eval` flow; on the running Prefect server when there is one).
+
+    Exit 0 on pass or warn, 1 on a regression (the alert file and webhook say so), 2 when the baseline is
+    of another checkpoint or other settings (the message says what to run).
+    """
+    from flows.nightly import nightly_eval, preflight
+
+    name = _nightly_profile(profile)
+    preflight(name, checkpoint, baseline)  # a user error or a refusal: one line, exit 2, no flow run
+    state = nightly_eval(profile=name, checkpoint=checkpoint, baseline=baseline, return_state=True)
+    if state.is_completed():
+        summary = state.result()
+        typer.echo(f"nightly gate: {summary['verdict'].upper()}; diff table: {summary['diff_table']}")
+        for warning in summary["warnings"]:
+            typer.echo(f"  warn {warning}")
+        return
+    try:
+        data = state.result(raise_on_failure=False)
+    except Exception as err:  # noqa: BLE001 - the flow's own exception, re-raised below when not the user's
+        data = err
+    if isinstance(data, BaseException):
+        if isinstance(data, USER_ERRORS):
+            raise data
+        _fail(f"nightly gate ended in state {state.type.value}: {state.message}", 1)
+    alert = data.get("alert_file") if isinstance(data, dict) else None
+    _fail(
+        f"nightly gate FAILED: {state.message}"
+        + (f"; alert written to {alert} (webhook: {data.get('webhook')})" if alert else ""),
+        1,
+    )
+
+
+@storage_app.command("init")
+def storage_init(
+    url: Annotated[str, typer.Argument(help="s3://bucket/prefix")],
+    remote: Annotated[str, typer.Option(help="DVC remote name")] = "s3",
+    create: Annotated[bool, typer.Option(help="Create the bucket when it does not exist")] = True,
+    default: Annotated[bool, typer.Option(help="Make it DVC's default remote on this machine")] = True,
+) -> None:
+    """Create the bucket if allowed, point the DVC remote at it (.dvc/config.local), check a probe object."""
+    from components.storage_init import init_s3
+
+    done = init_s3(url, Path("."), remote=remote, create=create, default=default)
+    typer.echo(f"bucket {done['bucket']}: {'created' if done['created'] else 'exists'}")
+    typer.echo(
+        f"DVC remote {done['remote']!r} = {url} in {done['config']}" + (" (default)" if default else "")
+    )
+    typer.echo(f"probe: {done['probe']}")
+    typer.echo(
+        f"the pipeline pushes to storage.remote: `npr run --set storage.remote={done['remote']}` to use it"
+    )
 
 
 @app.command("plots", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -393,10 +517,10 @@ def server(
 
 @app.command("worker")
 def worker(pool: Annotated[str, typer.Option(help="Work pool: cpu | gpu")] = "cpu") -> None:
-    """Start a Prefect worker for a pool."""
+    """Run a Prefect worker for a pool until Ctrl-C, SIGTERM or SIGHUP (which stop it and its flow runs)."""
     from components.ops.prefect_ops import start_worker
 
-    start_worker(pool)
+    raise typer.Exit(start_worker(pool))
 
 
 def configure_logging() -> None:

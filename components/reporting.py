@@ -101,23 +101,39 @@ def warmup_summary(m: Mapping[str, Any]) -> Flat:
     )
 
 
+def main_benchmarks(ckpt: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    """An evaluated checkpoint's benchmarks without its smoke ones (``smoke_benchmarks``: a few problems
+    that check the path runs, reported in their own table and never in a flat metric or an average)."""
+    smoke = set(ckpt.get("smoke_benchmarks", ()))
+    return {name: b for name, b in ckpt.get("benchmarks", {}).items() if name not in smoke}
+
+
+def _mean(values: list[float | int | None]) -> float | None:
+    numbers = [v for v in values if v is not None]
+    return round(sum(numbers) / len(numbers), 6) if numbers else None
+
+
 def checkpoint_summary(ckpt: Mapping[str, Any]) -> Flat:
-    """One evaluated checkpoint: its averages over benchmarks, its speedup, and accuracy per benchmark."""
-    benches = ckpt.get("benchmarks", {})
+    """One evaluated checkpoint: its averages over its main (non-smoke) benchmarks, its speedup, and
+    accuracy per main benchmark. Smoke benchmarks enter none of these; a checkpoint evaluated on smoke
+    benchmarks only has no average here (its record, ``artifacts/evaluate/metrics.json``, has them)."""
+    benches = main_benchmarks(ckpt)
     out: Flat = {}
-    if (acc := _number(ckpt.get("average_accuracy"))) is not None:
-        out["accuracy"] = acc
-    for flat_name, source in (("format_valid", "format_valid_rate"), ("parallel_rate", "parallel_rate")):
-        values = [_number(b.get(source)) for b in benches.values()]
-        values = [v for v in values if v is not None]
-        if values:
-            out[flat_name] = round(sum(values) / len(values), 6)
-    out.update(
-        _pick(
-            ckpt.get("throughput", {}),
-            {"speedup": "achieved_speedup", "ideal_speedup": "ideal_speedup", "tokens_per_s": "tokens_per_s"},
+    for flat_name, source in (
+        ("accuracy", "accuracy"),
+        ("format_valid", "format_valid_rate"),
+        ("parallel_rate", "parallel_rate"),
+    ):
+        value = _mean([_number(b.get(source)) for b in benches.values()])
+        if value is not None:
+            out[flat_name] = value
+    if benches:  # the runner's throughput is over the main benchmarks (over smoke ones when it has no other)
+        out.update(
+            _pick(
+                ckpt.get("throughput", {}),
+                {"speedup": "achieved_speedup", "ideal_speedup": "ideal_speedup", "tokens_per_s": "tokens_per_s"},
+            )
         )
-    )
     per_bench = {name: _number(b.get("accuracy")) for name, b in benches.items()}
     out["benchmark"] = {k: v for k, v in per_bench.items() if v is not None}
     return out

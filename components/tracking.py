@@ -17,7 +17,10 @@
 - Datasets and checkpoints are logged as artifact *references* to where DVC keeps them on the remote
   (``components.storage.content_uri``, the object named by the DVC md5 of the output); W&B records the
   URI and digest, never a copy of the bytes. The stage runner (``components.stages.run_stage``) logs the
-  outputs a stage produced (``log_reference``) and the inputs it consumed (``use_reference``).
+  outputs a stage produced (``log_reference``) and the inputs it consumed (``use_reference``). A local
+  remote's object exists only once the flow has pushed the stage (after `dvc repro`), and W&B refuses a
+  ``file://`` reference to a missing file: such references are kept in ``<run_dir>/wandb_pending_refs.json``
+  and logged by ``publish_pending_references`` after the push (flows/stage.py), into the same run.
 - One run per stage: ``run_stage`` opens it around the whole stage; a ``stage_run`` for the same stage
   inside it (the trainers', the evaluation's) logs into that run instead of starting another.
 """
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import urllib.parse
 import uuid
 from collections.abc import Callable, Iterator
@@ -38,6 +42,7 @@ from components.ops.config import TrackingConfig
 RUN_ID_FILE = "wandb_run_id"
 STEP_FILE = "wandb_step"  # the last step W&B surely holds (written after the run finished)
 JOURNAL_FILE = "wandb_log.jsonl"  # every step logged, to log again what a killed process lost
+PENDING_REFS_FILE = "wandb_pending_refs.json"  # output references whose remote object is not there yet
 PIPELINE_RUN_ENV = "NPR_PIPELINE_RUN_ID"
 # The open run of each stage in this process (stage -> StageRun), so nested stage_run calls share it.
 _ACTIVE: dict[str, StageRun] = {}
@@ -181,15 +186,17 @@ class StageRun:
         path), so W&B need not list or hash the bucket, and no credentials are needed at log time.
         The run config also gets ``outputs/<name>`` (``{uri, ...metadata}``). W&B refuses a ``file://``
         reference to an object that does not exist yet (a local DVC remote before the stage's push): then
-        the config entry is the record and no artifact is logged. Returns the W&B artifact or ``None``.
+        it is kept in ``<run_dir>/wandb_pending_refs.json`` for ``publish_pending_references`` (after the
+        push) and nothing is logged now. Returns the W&B artifact or ``None``.
         """
         if self.run.disabled:
             return None
         self.run.config.update({f"outputs/{name}": {"uri": uri, **(metadata or {})}}, allow_val_change=True)
-        if (
-            uri.startswith("file://")
-            and not Path(urllib.parse.unquote(urllib.parse.urlparse(uri).path)).exists()
-        ):
+        if not reference_exists(uri):
+            if self.run_dir is not None:
+                pending = [r for r in _read_pending(self.run_dir) if r["name"] != name]
+                pending.append({"name": name, "uri": uri, "type": type, "metadata": metadata or {}})
+                _write_pending(self.run_dir, pending)
             return None
         return self.run.log_artifact(_reference_artifact(name, uri, type, metadata))
 
@@ -205,6 +212,55 @@ class StageRun:
         self.run.config.update({f"inputs/{name}": {"uri": uri, **(metadata or {})}}, allow_val_change=True)
         if not self.run.offline:
             self.run.use_artifact(_reference_artifact(name, uri, type, metadata))
+
+
+def reference_exists(uri: str) -> bool:
+    """Whether W&B can log a reference to ``uri`` now: any non-file URI (content-addressed, never listed)
+    and a ``file://`` URI whose file exists."""
+    if not uri.startswith("file://"):
+        return True
+    return Path(urllib.parse.unquote(urllib.parse.urlparse(uri).path)).exists()
+
+
+def _read_pending(run_dir: Path) -> list[dict[str, Any]]:
+    path = Path(run_dir) / PENDING_REFS_FILE
+    if not path.exists():
+        return []
+    try:
+        return list(json.loads(path.read_text(encoding="utf-8")))
+    except (ValueError, TypeError):  # a write cut by a kill: the stage's rerun writes it again
+        return []
+
+
+def _write_pending(run_dir: Path, pending: list[dict[str, Any]]) -> None:
+    path = Path(run_dir) / PENDING_REFS_FILE
+    if not pending:
+        path.unlink(missing_ok=True)
+        return
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(pending, indent=1), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+_PUBLISH_LOCK = threading.Lock()
+
+
+def publish_pending_references(cfg: Any, stage: str, run_dir: Path | str) -> int:
+    """After the stage's push: log, into the stage's own W&B run (resumed), the output references whose
+    remote objects exist now. Returns how many were logged; those still missing stay pending."""
+    run_dir = Path(run_dir)
+    pending = _read_pending(run_dir)
+    ready = [r for r in pending if reference_exists(r["uri"])]
+    if not ready or not (run_dir / RUN_ID_FILE).exists():
+        return 0
+    # one at a time: stages of independent branches finish side by side in the flow's threads
+    with _PUBLISH_LOCK, stage_run(cfg, stage, run_dir, reinit="create_new") as run:
+        if run.run.disabled:
+            return 0
+        for ref in ready:
+            run.run.log_artifact(_reference_artifact(ref["name"], ref["uri"], ref["type"], ref["metadata"]))
+    _write_pending(run_dir, [r for r in pending if r not in ready])
+    return len(ready)
 
 
 def _reference_artifact(name: str, uri: str, type: str, metadata: dict[str, Any] | None) -> Any:
@@ -236,13 +292,14 @@ def _artifact_name(name: str) -> str:
 
 
 @contextmanager
-def stage_run(cfg: Any, stage: str, run_dir: Path | str) -> Iterator[StageRun]:
+def stage_run(cfg: Any, stage: str, run_dir: Path | str, reinit: str | None = None) -> Iterator[StageRun]:
     """One W&B run for one stage; resumes the run recorded in ``run_dir`` if there is one.
 
     ``cfg`` is the PipelineConfig (its ``tracking`` section is used; the whole resolved config becomes the
     run config) or a bare ``TrackingConfig``. The run is finished on exit; an exception inside marks it
     failed (exit code 1) and propagates. Inside an open run of the same stage (the stage runner's), yields
-    that run and leaves finishing it to its owner.
+    that run and leaves finishing it to its owner. ``reinit="create_new"``: a run beside others in the
+    same process (the flow's), not the process's one run.
     """
     if stage in _ACTIVE:
         yield _ACTIVE[stage]
@@ -265,6 +322,8 @@ def stage_run(cfg: Any, stage: str, run_dir: Path | str) -> Iterator[StageRun]:
     }
     if mode != "disabled":  # a disabled run writes nothing, not even its id
         init.update(id=_persisted_run_id(Path(run_dir)), resume="allow")
+    if reinit is not None:
+        init["reinit"] = reinit
     run = wandb.init(**init)
     stage_run_ = StageRun(run, stage, Path(run_dir) if mode != "disabled" else None)
     _ACTIVE[stage] = stage_run_

@@ -1,9 +1,17 @@
-"""The nightly regression evaluation: the promoted checkpoint vs its committed baseline and the last green run.
+"""The nightly regression evaluation: the promoted checkpoint vs its baseline and the last green run.
 
-Deployed as ``nightly-eval`` (prefect.yaml, cron ``nightly.cron`` in ``nightly.timezone``). Steps: evaluate
-the checkpoint with the same runner as the `evaluate` stage, gate it (``components.evaluation.gate``),
-write the diff table, publish it (Prefect artifact, W&B), alert on a regression, and record a non-failing
-run as the new last green. A regression ends the flow in ``Failed``.
+A baseline belongs to one checkpoint and one set of evaluation settings (``components.evaluation.gate``).
+``promote`` (``npr nightly promote CHECKPOINT``) evaluates a checkpoint once and writes its baseline into the
+user's workspace (``nightly.baseline_dir``, tracked with DVC); when a baseline of another checkpoint with
+the same settings is there, the candidate is first gated against it with the noise-aware rule and a
+regression refuses the promotion (``--force`` promotes anyway). The nightly (``nightly_eval``: deployed as
+``nightly-eval`` with cron ``nightly.cron``; by hand ``npr nightly run``) re-evaluates the promoted
+checkpoint with the same runner as the `evaluate` stage, gates it (catching what grading, engine, data or
+environment changes did to the same checkpoint), writes the diff table, publishes it (Prefect artifact,
+W&B), alerts on a regression (``components.evaluation.alerts``: an alert file, a webhook) and records a
+non-failing run as the new last green. A regression ends the flow in ``Failed``; a baseline of another
+checkpoint or of other settings is refused before anything is evaluated (``GateRefused``, which says what
+to run), never reported as a regression.
 
 The steps are Prefect tasks when the flow runs under Prefect and plain calls under ``nightly_eval.fn`` (unit
 tests: no API server needed), see ``_step``.
@@ -12,6 +20,10 @@ tests: no API server needed), see ``_step``.
 from __future__ import annotations
 
 import logging
+import shutil
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -21,20 +33,33 @@ from prefect.states import Failed
 from components.artifacts import write_json
 from components.config import PipelineConfig, load_config
 from components.dag import stage_io
+from components.errors import UserError
 from components.evaluation.adhoc import checkpoint_name
 from components.evaluation.config import BenchmarkSpec
 from components.evaluation.gate import (
+    GateRefused,
     GateResult,
     baseline_path,
+    check_comparable,
     gate_checkpoint,
     load_baseline,
     load_last_green,
+    refusal_reasons,
     render_gate_markdown,
     save_last_green,
+    write_baseline,
 )
 from components.evaluation.outputs import EvalOutputs, write_evaluation
 from components.evaluation.report import flat_metrics, in_prefect_run, publish_prefect
-from components.evaluation.runner import CheckpointSpec, EvalResult, evaluate_checkpoints, needs_problems_dir
+from components.evaluation.runner import (
+    CheckpointSpec,
+    EvalResult,
+    checkpoint_hash,
+    evaluate_checkpoints,
+    grader_version,
+    needs_problems_dir,
+    sampling_settings,
+)
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +111,26 @@ def nightly_benchmarks(cfg: PipelineConfig) -> list[BenchmarkSpec]:
     return [configured[n] for n in names]
 
 
+def planned_evaluation(cfg: PipelineConfig, ckpt: CheckpointSpec, digest: str) -> tuple[dict, dict]:
+    """What an evaluation of ``ckpt`` will be compared on, known before it runs: the ``checkpoints`` entry
+    (mode, prompt style, hash, samples and k per benchmark) and the settings, as the runner records them."""
+    from components.prompts import prompt_fingerprint
+
+    current = {
+        "mode": ckpt.mode,
+        "prompt_style": ckpt.prompt_style,
+        "checkpoint_hash": digest,
+        "path": str(ckpt.path),
+        "benchmarks": {b.name: {"n_samples": b.n_samples, "k": b.k} for b in nightly_benchmarks(cfg)},
+    }
+    settings = {
+        "sampling": sampling_settings(cfg.evaluate),
+        "prompt_hash": prompt_fingerprint(cfg.prompts)["prompt_hash"],
+        "grader_version": grader_version(cfg.grading),
+    }
+    return current, settings
+
+
 @task(name="evaluate-checkpoint")
 def evaluate_promoted(cfg: PipelineConfig, checkpoint: CheckpointSpec, out_dir: Path) -> EvalResult:
     """Evaluate the checkpoint (same runner as the stage) and write records, report and plot data."""
@@ -104,7 +149,7 @@ def evaluate_promoted(cfg: PipelineConfig, checkpoint: CheckpointSpec, out_dir: 
 def gate_against_references(
     cfg: PipelineConfig, result: EvalResult, checkpoint: str, baseline_file: Path
 ) -> GateResult:
-    """Compare with the pinned baseline and the last green nightly."""
+    """Compare with the promoted baseline and the last green nightly."""
     return gate_checkpoint(
         result.metrics["checkpoints"][checkpoint],
         result.metrics["settings"],
@@ -152,13 +197,27 @@ def publish_outcome(
     return {"published": published, "alerted": alerted}
 
 
-@flow(name="nightly-eval", log_prints=True)
-def nightly_eval(profile: str = "tiny", checkpoint: str | None = None, baseline: str | None = None) -> Any:
-    """Evaluate the promoted checkpoint and gate it; a regression ends the run in Failed."""
+def preflight(
+    profile: str, checkpoint: str | None, baseline: str | None
+) -> tuple[PipelineConfig, CheckpointSpec, Path]:
+    """Everything the nightly checks before it evaluates: the config, the checkpoint, its baseline (missing
+    or malformed: a user error) and that the two are comparable (``GateRefused`` otherwise). `npr nightly
+    run` calls it before it starts the flow, so a user error is one line, not a flow run's traceback."""
     cfg = load_config(profile=profile)
     ckpt = resolve_checkpoint(cfg, checkpoint)
     baseline_file = resolve_baseline(cfg, ckpt.name, baseline)
-    load_baseline(baseline_file)  # a missing or malformed baseline fails before the evaluation is spent
+    promoted = load_baseline(baseline_file)
+    check_comparable(*planned_evaluation(cfg, ckpt, checkpoint_hash(ckpt.path)), promoted)
+    return cfg, ckpt, baseline_file
+
+
+@flow(name="nightly-eval", log_prints=True)
+def nightly_eval(profile: str = "tiny", checkpoint: str | None = None, baseline: str | None = None) -> Any:
+    """Evaluate the promoted checkpoint and gate it; a regression ends the run in Failed (and alerts), a
+    baseline of another checkpoint or other settings is refused (GateRefused) before evaluating."""
+    from components.evaluation.alerts import deliver_alert
+
+    cfg, ckpt, baseline_file = preflight(profile, checkpoint, baseline)
     out_dir = Path(cfg.nightly.report_dir)
     result = _step(evaluate_promoted, cfg, ckpt, out_dir)
     gate = _step(gate_against_references, cfg, result, ckpt.name, baseline_file)
@@ -175,6 +234,8 @@ def nightly_eval(profile: str = "tiny", checkpoint: str | None = None, baseline:
     }
     print(markdown)
     if gate.verdict == "fail":
+        title = f"nightly-eval {cfg.profile}/{ckpt.name}: FAIL (regression vs {baseline_file})"
+        summary.update(deliver_alert(cfg.nightly, title, summary))
         return Failed(message=f"regression: {'; '.join(summary['failures'])}", data=summary)
     save_last_green(
         cfg.nightly.state_file,
@@ -183,3 +244,98 @@ def nightly_eval(profile: str = "tiny", checkpoint: str | None = None, baseline:
         gate.verdict,
     )
     return summary
+
+
+# ----------------------------------------------------------------------------------------------------
+# promotion
+
+
+class PromotionRefused(UserError, RuntimeError):
+    """The candidate fails the gate against the promoted baseline (or a hard floor); ``--force`` overrides."""
+
+
+def track_with_dvc(path: Path) -> str:
+    """`dvc add` the baseline file (the user commits the ``.dvc`` file; `dvc push` sends the content)."""
+    if not Path(".dvc").is_dir():
+        return "not tracked (no .dvc directory here)"
+    dvc = Path(sys.executable).with_name("dvc")
+    proc = subprocess.run(
+        [str(dvc) if dvc.exists() else "dvc", "add", "-q", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise UserError(f"dvc add {path} failed: {' '.join((proc.stderr or proc.stdout).split())}")
+    return f"tracked by {path}.dvc (commit it; `dvc push` sends the baseline to the remote)"
+
+
+def promote(profile: str, checkpoint: str, force: bool = False, command: str | None = None) -> dict[str, Any]:
+    """Evaluate ``checkpoint`` once and make it the nightly's baseline (``<baseline_dir>/<tag>.yaml``).
+
+    A baseline already there for another checkpoint with the same settings: the candidate is gated against
+    it (noise-aware rule, floors); a ``fail`` refuses the promotion unless ``force``. A candidate below a
+    hard floor is refused too (every night would fail). The last-green state is reset (it was another
+    checkpoint's). Returns what was done; raises PromotionRefused.
+    """
+    cfg = load_config(profile=profile)
+    ckpt = resolve_checkpoint(cfg, checkpoint)
+    target = baseline_path(cfg.nightly, cfg.profile, ckpt.name)
+    result = evaluate_promoted.fn(cfg, ckpt, Path(cfg.nightly.report_dir) / "promote")
+    current = result.metrics["checkpoints"][ckpt.name]
+    settings = result.metrics["settings"]
+    records = result.records.get(ckpt.name)
+    seed = cfg.evaluate.generation.seed
+    outcome: dict[str, Any] = {"checkpoint": str(ckpt.path), "baseline": str(target), "compared_with": None}
+    if target.exists():
+        previous = load_baseline(target)
+        reasons = refusal_reasons(current, settings, previous, same_checkpoint=False)
+        if reasons:
+            outcome["compared_with"] = (
+                f"not compared: the previous baseline had other settings ({'; '.join(reasons)})"
+            )
+        else:
+            gate = gate_checkpoint(
+                current, settings, previous, cfg.nightly, records, seed=seed, candidate=True
+            )
+            outcome["compared_with"] = f"{previous.checkpoint_hash}: {gate.verdict}"
+            outcome["candidate_failures"] = [f"{c.benchmark}/{c.metric}: {c.reason}" for c in gate.failures()]
+            if gate.verdict == "fail" and not force:
+                from components.evaluation.alerts import deliver_alert
+
+                title = f"nightly promote {cfg.profile}/{ckpt.name}: FAIL (candidate regresses vs {target})"
+                alert = deliver_alert(
+                    cfg.nightly,
+                    title,
+                    {"verdict": "fail", "checkpoint": str(ckpt.path), "baseline": str(target),
+                     "failures": outcome["candidate_failures"]},
+                )  # fmt: skip
+                raise PromotionRefused(
+                    f"not promoted: {ckpt.path} regresses against the promoted baseline {target} "
+                    f"({'; '.join(outcome['candidate_failures'])}); alert written to {alert['alert_file']} "
+                    f"(webhook: {alert['webhook']}); `npr nightly promote {checkpoint} --force` promotes it anyway"
+                )
+    with tempfile.TemporaryDirectory() as tmp:
+        staged = Path(tmp) / target.name
+        new = write_baseline(result.metrics, cfg, staged, checkpoint=ckpt.name, command=command)
+        floors = [
+            c for c in gate_checkpoint(current, settings, new, cfg.nightly, records, seed=seed).failures()
+        ]
+        if floors and not force:
+            raise PromotionRefused(
+                f"not promoted: {ckpt.path} is below the nightly's hard floors "
+                f"({'; '.join(f'{c.benchmark}/{c.metric} {c.current:.4f}: {c.reason}' for c in floors)}), so "
+                f"every night would fail; `npr nightly promote {checkpoint} --force` promotes it anyway"
+            )
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(staged), target)
+    Path(cfg.nightly.state_file).unlink(missing_ok=True)  # the drift reference was another checkpoint's
+    outcome.update(
+        checkpoint_hash=new.checkpoint_hash,
+        benchmarks={b: dict(m.metrics) for b, m in new.benchmarks.items()},
+        dvc=track_with_dvc(target),
+    )
+    return outcome
+
+
+__all__ = ["GateRefused", "PromotionRefused", "nightly_eval", "promote"]

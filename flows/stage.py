@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -26,6 +27,8 @@ from prefect import flow, get_run_logger
 from components.config import PARAMS_FILE, PipelineConfig, load_config, materialise_profile
 from components.dag import load_stages, stage_io
 from components.env import THREADS_ENV
+
+log = logging.getLogger(__name__)
 
 
 class StageFailed(RuntimeError):
@@ -151,7 +154,9 @@ def execute_stage(
             f"stage {stage}: ran on the Ray cluster, restored here in {time.perf_counter() - started:.1f} s"
         )
         if report is not None:
-            report.update(outcome=RESTORED, pull_s=0.0, repro_s=round(time.perf_counter() - started, 1), push_s=0.0)
+            report.update(
+                outcome=RESTORED, pull_s=0.0, repro_s=round(time.perf_counter() - started, 1), push_s=0.0
+            )
         return stage_metrics(stage)
     if cfg.storage.pull_inputs:
         storage.pull_stage_inputs(stage, cfg)
@@ -178,6 +183,7 @@ def execute_stage(
     reproduced = time.perf_counter()
     if cfg.storage.push_after_stage:
         storage.push_stage_outputs(stage, cfg)
+        publish_references(stage, cfg)
     # Where a stage task's time goes, beside the stage's own wall_time_s in its metrics.json.
     outcome = repro_outcome(stage, seen) or RAN
     print(
@@ -192,6 +198,19 @@ def execute_stage(
             push_s=round(time.perf_counter() - reproduced, 1),
         )
     return stage_metrics(stage)
+
+
+def publish_references(stage: str, cfg: Any) -> int:
+    """The stage's output references whose remote objects the push just created (a local remote's), into
+    the stage's W&B run (``components.tracking.publish_pending_references``); a failure is a warning."""
+    from components.tracking import publish_pending_references
+
+    try:
+        work_dir = stage_io(stage).work_dir
+        return publish_pending_references(cfg, stage, work_dir) if work_dir is not None else 0
+    except Exception as err:  # noqa: BLE001 - tracking must not undo a stage that ran and was pushed
+        log.warning("W&B references of %s not logged after the push: %s", stage, err)
+        return 0
 
 
 def stage_env(pipeline_run_id: str | None = None, torch_threads: int | None = None) -> dict[str, str]:

@@ -184,6 +184,55 @@ def to_records(spec: BenchmarkSpec, rows: list[Record]) -> list[Record]:
     return records
 
 
+# A user's own benchmark file (`npr eval --benchmarks path/to/file.jsonl`): JSON Lines (or a JSON list) of
+# objects with a problem and its answer(s); the field names are mapped with --problem-field/--answer-field.
+BENCHMARK_FILE_SUFFIXES = (".jsonl", ".json")
+
+
+@dataclass(frozen=True)
+class FieldMap:
+    """Which fields of a user's benchmark file hold the problem, the answer(s) and (optionally) the id."""
+
+    problem: str = "problem"
+    answer: str = "answer"
+    id: str | None = "id"
+
+
+def is_benchmark_file(name: str) -> bool:
+    """Whether a ``--benchmarks`` entry names a file (a path or a .json/.jsonl name), not a registered name."""
+    return name.endswith(BENCHMARK_FILE_SUFFIXES) or "/" in name or Path(name).is_file()
+
+
+def load_benchmark_file(
+    path: Path | str, fields: FieldMap = FieldMap(), max_problems: int | None = None
+) -> list[Record]:
+    """A user's benchmark file as benchmark records, named by the file's stem (``mine.jsonl`` -> ``mine``).
+
+    Same records as a registered benchmark (``{id, benchmark, problem, answers}``, ids ``<name>-<id>`` or the
+    row index where a row has no id), so decoding, grading and the report are the same code. A missing,
+    non-UTF-8, non-JSON or empty file, or a row without the mapped fields, is a BenchmarkError naming the file.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise BenchmarkError(f"benchmark file {path} does not exist")
+    try:
+        rows = read_rows(path)
+    except UnicodeDecodeError as err:
+        raise BenchmarkError(f"{path}: not UTF-8 text (byte offset {err.start})") from None
+    if not rows:
+        raise BenchmarkError(f"{path}: no rows")
+    bad = next((i for i, row in enumerate(rows) if not isinstance(row, dict)), None)
+    if bad is not None:
+        raise BenchmarkError(f"{path}: row {bad} is not a JSON object")
+    spec = BenchmarkSpec(path.stem, str(path), fields.problem, fields.answer, fields.id)
+    try:
+        records = to_records(spec, rows)
+    except BenchmarkError as err:
+        hint = " (map the fields with --problem-field/--answer-field)" if "has no field" in str(err) else ""
+        raise BenchmarkError(f"{path}: {err}{hint}") from None
+    return records[:max_problems] if max_problems else records
+
+
 def load_benchmark(
     name: str,
     benchmark_dir: Path | str,

@@ -7,11 +7,17 @@ from typing import Any
 
 from components.artifacts import write_json
 from components.dag import stage_io
+from components.data.benchmarks import BENCHMARK_NAMES, FieldMap, is_benchmark_file, load_benchmark_file
+from components.errors import UserError
 from components.evaluation.config import BenchmarkSpec
 from components.evaluation.outputs import EvalOutputs, write_evaluation
 from components.evaluation.runner import CheckpointSpec, evaluate_checkpoints, needs_problems_dir
 
 MODES = ("parallel", "sequential")
+
+
+class EvalInputError(UserError, ValueError):
+    """A bad `npr eval` argument: an unknown benchmark, a mode, two benchmarks of one name."""
 
 
 def checkpoint_name(checkpoint: Path) -> str:
@@ -22,14 +28,22 @@ def checkpoint_name(checkpoint: Path) -> str:
     )
 
 
-def benchmark_specs(cfg: Any, names: list[str], k: int | None) -> list[BenchmarkSpec]:
-    """Specs of the named benchmarks: the profile's settings where it has them; ``k`` overrides n and k."""
+def benchmark_specs(
+    cfg: Any, names: list[str], k: int | None, files: frozenset[str] = frozenset()
+) -> list[BenchmarkSpec]:
+    """Specs of the named benchmarks: the profile's settings where it has them (never for a user's file,
+    named in ``files``: one sample per problem unless ``k``); ``k`` overrides n and k."""
     if not names:
-        raise ValueError("name at least one benchmark")
+        raise EvalInputError("--benchmarks: name at least one benchmark or benchmark file")
     configured = {b.name: b for b in cfg.evaluate.benchmarks}
     specs = []
     for name in names:
-        spec = configured.get(name, BenchmarkSpec(name=name))
+        if name not in files and name not in configured and name not in BENCHMARK_NAMES:
+            raise EvalInputError(
+                f"--benchmarks: unknown benchmark {name!r}; known: {', '.join(BENCHMARK_NAMES)} "
+                "(or give a .jsonl file)"
+            )
+        spec = BenchmarkSpec(name=name) if name in files else configured.get(name, BenchmarkSpec(name=name))
         if k is not None:
             spec = spec.model_copy(update={"n_samples": k, "k": k})
         specs.append(spec)
@@ -43,19 +57,35 @@ def evaluate_checkpoint(
     k: int | None,
     mode: str,
     out_dir: Path,
+    fields: FieldMap = FieldMap(),
 ) -> dict[str, Any]:
     """Evaluate one model directory; writes records/, report/, plots/ and metrics.json under ``out_dir``.
 
-    Returns the metrics dict (the same shape the stage returns, with one checkpoint).
+    A ``benchmarks`` entry that is a file (``is_benchmark_file``) is a user's benchmark, read with
+    ``fields`` (``components.data.benchmarks.load_benchmark_file``) and named by its stem. Returns the
+    metrics dict (the same shape the stage returns, with one checkpoint).
     """
     if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        raise EvalInputError(f"--mode must be one of {MODES}, got {mode!r}")
     checkpoint = Path(checkpoint)
     if not checkpoint.is_dir():
         raise FileNotFoundError(f"checkpoint directory {checkpoint} does not exist")
-    specs = benchmark_specs(cfg, benchmarks, k)
+    # a user's files are read (and refused when bad) before any model is loaded
+    preloaded: dict[str, list[dict[str, Any]]] = {}
+    names = []
+    for entry in benchmarks:
+        if not is_benchmark_file(entry):
+            names.append(entry)
+            continue
+        records = load_benchmark_file(entry, fields)
+        name = records[0]["benchmark"]
+        if name in preloaded or name in benchmarks:
+            raise EvalInputError(f"--benchmarks: two benchmarks named {name!r} ({entry})")
+        preloaded[name] = records
+        names.append(name)
+    specs = benchmark_specs(cfg, names, k, frozenset(preloaded))
     problems_dir = None
-    if needs_problems_dir(specs):
+    if needs_problems_dir([s for s in specs if s.name not in preloaded]):
         problems_dir = stage_io("evaluate").input("sample_orz/problems")
     name = checkpoint_name(checkpoint)
     spec = CheckpointSpec(
@@ -66,7 +96,7 @@ def evaluate_checkpoint(
         schema=cfg.schema_of(name),
         engine_settings=cfg.engine_settings_of(name),
     )
-    result = evaluate_checkpoints(cfg, [spec], specs, problems_dir)
+    result = evaluate_checkpoints(cfg, [spec], specs, problems_dir, preloaded=preloaded)
     out_dir = Path(out_dir)
     out = EvalOutputs(
         records_dir=out_dir / "records", report_dir=out_dir / "report", plots_dir=out_dir / "plots"

@@ -132,10 +132,11 @@ class EvaluateConfig(StrictModel):
 
 
 class NightlyConfig(StrictModel):
-    """The nightly regression gate: the promoted checkpoint vs its committed baseline file."""
+    """The nightly regression gate: the promoted checkpoint vs the baseline ``npr nightly promote`` wrote."""
 
     checkpoint: str = "papo_rl"
-    baseline_dir: str = "eval/baselines"
+    # The user's own baselines (`npr nightly promote` writes them and tracks them with DVC).
+    baseline_dir: str = "baselines"
     # Baseline file is ``<baseline_dir>/<tag>.yaml``; default tag ``<profile>-<checkpoint>``.
     baseline_tag: str | None = None
     # The last green nightly's metrics (drift reference); not committed, kept beside the artifacts.
@@ -153,3 +154,8 @@ class NightlyConfig(StrictModel):
     gate_metrics: list[Literal["accuracy", "pass@k"]] = ["accuracy", "pass@k"]
     format_valid_floor: float = Field(0.9, ge=0, le=1)
     parallel_rate_floor: float = Field(0.9, ge=0, le=1)
+    # A failed gate: a line appended here always; a POST to the URL in this environment variable when set
+    # (components/evaluation/alerts.py). The URL is a secret: it stays out of params.yaml.
+    alert_file: str = "artifacts/nightly/alerts.jsonl"
+    alert_webhook_env: str | None = "NPR_ALERT_WEBHOOK"
+    alert_timeout_s: float = Field(10.0, gt=0)

@@ -2,6 +2,12 @@
 
 Decisions (conventions.md §C2):
 
+- a baseline belongs to one checkpoint (its content hash) and to the evaluation settings its numbers depend
+  on: sampling (merge mode included), prompt hash, decode mode, prompt style, grader version, and per
+  benchmark the problems/samples/k. Anything else is not like with like: the gate REFUSES (``GateRefused``,
+  a user error whose message says what to run: ``npr nightly promote <checkpoint>``); it never reports
+  such a comparison as a regression. A candidate checkpoint (``candidate=True``: ``npr nightly promote``
+  of a new checkpoint against the old baseline) is the one case a different hash is compared, by design.
 - accuracy-like metrics (``NightlyConfig.gate_metrics``) vs the baseline: FAIL only when the one-sided upper
   confidence bound of the current value (Wilson at n = problems x samples, or a bootstrap over problems) is
   below ``baseline * (1 - tolerance)``, i.e. the data say the drop is real; WARN when only the point estimate
@@ -10,12 +16,8 @@ Decisions (conventions.md §C2):
   promotion; drift is for people to look at).
 - hard floors on format-valid rate and (for parallel checkpoints) parallel rate: below the floor is FAIL.
   These regress before accuracy does. A point drop of either beyond tolerance vs the baseline WARNs.
-- settings the numbers depend on (sampling, prompt hash, n problems, samples, k) must match the baseline,
-  else the comparison is meaningless and the gate FAILs saying so; an engine change WARNs.
-- the checkpoint's hash never decides anything: its bytes differ between machines of the same kind (the
-  seed model is only statistically reproducible there, docs/architecture.md) and a retrained checkpoint is
-  exactly what the gate exists to judge, by its metrics. A changed hash is reported (a ``pass`` check that
-  says so), never a warning or a failure.
+- an engine change (torch, transformers, this package, the backend) WARNs and the numbers are compared:
+  catching what an engine or environment change does to the same checkpoint is what the nightly is for.
 """
 
 from __future__ import annotations
@@ -40,6 +42,10 @@ Verdict = Literal["pass", "warn", "fail"]
 
 class BaselineError(UserError, ValueError):
     """A baseline file is missing, not YAML, or not a baseline; the message names the file and key."""
+
+
+class GateRefused(UserError, ValueError):
+    """The baseline is of another checkpoint or other settings: no verdict; the message says what to run."""
 
 
 _SEVERITY = {"pass": 0, "warn": 1, "fail": 2}
@@ -67,7 +73,8 @@ class BaselineBenchmark(StrictModel):
 
 
 class Baseline(StrictModel):
-    """A committed ``eval/baselines/<tag>.yaml``: the numbers a promoted checkpoint must keep."""
+    """``<nightly.baseline_dir>/<tag>.yaml``, written by ``npr nightly promote``: the numbers the promoted
+    checkpoint must keep, and what they belong to (the checkpoint's hash and the evaluation settings)."""
 
     tag: str
     profile: str
@@ -75,8 +82,12 @@ class Baseline(StrictModel):
     mode: Literal["parallel", "sequential"]
     prompt_style: Literal["parallel", "sequential", "parallel_r1"]
     checkpoint_hash: str
+    # where the checkpoint was promoted from (None in baselines written before it was recorded)
+    checkpoint_path: str | None = None
     prompt_hash: str
     engine_version: dict[str, str]
+    # None in baselines written before the grader was versioned: such a baseline is refused
+    grader_version: dict[str, str] | None = None
     sampling: dict[str, Any]
     created_at: str
     benchmarks: dict[str, BaselineBenchmark]
@@ -130,8 +141,8 @@ def load_baseline(path: Path) -> Baseline:
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(
-            f"baseline {path} does not exist; create it from a trusted run with "
-            "components.evaluation.gate.write_baseline and commit it"
+            f"baseline {path} does not exist; promote the checkpoint the nightly gates first: "
+            "`npr nightly promote <checkpoint>` (e.g. artifacts/papo_rl/model)"
         )
     try:
         data = load_yaml_text(path.read_text(encoding="utf-8"), f"baseline {path}")
@@ -159,7 +170,7 @@ def write_baseline(
     ``cfg`` is the PipelineConfig of the run; ``checkpoint`` defaults to ``cfg.nightly.checkpoint``;
     ``benchmarks`` to the ones the nightly runs (``cfg.nightly.benchmarks``, else all of the evaluation's),
     since the gate fails on a baseline benchmark the night did not evaluate.
-    The header comment records how the numbers were produced (baseline updates land by PR, with a reason).
+    The header comment records how the numbers were produced and how to replace them (a promotion).
     """
     name = checkpoint or cfg.nightly.checkpoint
     checkpoints = eval_metrics.get("checkpoints", {})
@@ -189,8 +200,10 @@ def write_baseline(
         mode=ckpt["mode"],
         prompt_style=ckpt["prompt_style"],
         checkpoint_hash=ckpt["checkpoint_hash"],
+        checkpoint_path=str(ckpt["path"]) if ckpt.get("path") else None,
         prompt_hash=settings["prompt_hash"],
         engine_version={k: str(v) for k, v in settings["engine_version"].items()},
+        grader_version=dict(settings["grader_version"]) if settings.get("grader_version") else None,
         sampling=dict(settings["sampling"]),
         created_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         benchmarks=baseline_benchmarks,
@@ -198,7 +211,8 @@ def write_baseline(
     header = (
         f"# Baseline of checkpoint '{name}' (profile '{cfg.profile}') for the nightly regression gate.\n"
         f"# Produced by: {command or 'components.evaluation.gate.write_baseline'}\n"
-        "# Update only by PR, with a line saying why the numbers changed.\n"
+        "# It belongs to this checkpoint (checkpoint_hash) and these settings; to gate another checkpoint\n"
+        "# or other settings, promote it: npr nightly promote <checkpoint>.\n"
     )
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
@@ -255,30 +269,87 @@ def _compare(
     return Check(bench, metric, reference, verdict, reason, ref_value, value, upper, threshold)
 
 
+SHAPE_KEYS = ("n_problems", "n_samples", "k")
+
+
+def refusal_reasons(
+    current: Mapping[str, Any],
+    settings: Mapping[str, Any],
+    baseline: Baseline,
+    same_checkpoint: bool = True,
+) -> list[str]:
+    """Why ``current`` (a ``checkpoints`` entry, or the part of one known before evaluating: mode,
+    prompt_style, checkpoint_hash, path, benchmarks' n_samples/k) is not comparable with ``baseline``;
+    empty when it is. ``same_checkpoint``: the hash must be the baseline's (the nightly); False for a
+    candidate being promoted against the old baseline."""
+    reasons = []
+    if same_checkpoint and current["checkpoint_hash"] != baseline.checkpoint_hash:
+        origin = f" (promoted from {baseline.checkpoint_path})" if baseline.checkpoint_path else ""
+        reasons.append(
+            f"it is the baseline of checkpoint {baseline.checkpoint_hash}{origin}, and "
+            f"{current.get('path', 'this checkpoint')} is {current['checkpoint_hash']}"
+        )
+    pinned = {
+        "mode": (baseline.mode, current["mode"]),
+        "prompt_style": (baseline.prompt_style, current["prompt_style"]),
+        "prompt_hash": (baseline.prompt_hash, settings["prompt_hash"]),
+        "grader_version": (baseline.grader_version, settings.get("grader_version")),
+    }
+    for key, (ref, cur) in pinned.items():
+        if ref != cur:
+            reasons.append(f"{key} {_plain(ref)} in the baseline, {_plain(cur)} now")
+    sampling = dict(settings["sampling"])
+    for key in sorted(set(baseline.sampling) | set(sampling)):
+        if baseline.sampling.get(key, "unset") != sampling.get(key, "unset"):
+            reasons.append(
+                f"sampling.{key} {baseline.sampling.get(key, 'unset')} in the baseline, "
+                f"{sampling.get(key, 'unset')} now"
+            )
+    benches = current["benchmarks"]
+    for bench, ref in baseline.benchmarks.items():
+        if bench not in benches:
+            reasons.append(f"benchmark {bench} is in the baseline and not in this evaluation")
+            continue
+        for key in SHAPE_KEYS:
+            if key in benches[bench] and int(benches[bench][key]) != getattr(ref, key):
+                reasons.append(
+                    f"{bench}.{key} {getattr(ref, key)} in the baseline, {benches[bench][key]} now"
+                )
+    return reasons
+
+
+def _plain(value: Any) -> str:
+    if value is None:
+        return "none recorded"
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{k}: {v}" for k, v in value.items()) + "}"
+    return str(value)
+
+
+def refusal_message(baseline: Baseline, reasons: Sequence[str], checkpoint_path: str | None) -> str:
+    """One line: which baseline, why it is not comparable, and what to run."""
+    target = checkpoint_path or baseline.checkpoint_path or "<checkpoint>"
+    return (
+        f"nightly gate refused: baseline '{baseline.tag}' is not comparable with this evaluation "
+        f"({'; '.join(reasons)}); this is not a regression. To gate this checkpoint with these settings, "
+        f"promote it: `npr nightly promote {target}`"
+    )
+
+
+def check_comparable(
+    current: Mapping[str, Any], settings: Mapping[str, Any], baseline: Baseline, same_checkpoint: bool = True
+) -> None:
+    """Raise ``GateRefused`` (what to run) unless ``current`` is comparable with ``baseline``."""
+    reasons = refusal_reasons(current, settings, baseline, same_checkpoint)
+    if reasons:
+        raise GateRefused(refusal_message(baseline, reasons, current.get("path")))
+
+
 def _settings_checks(
     current: Mapping[str, Any], settings: Mapping[str, Any], baseline: Baseline
 ) -> list[Check]:
+    """What is reported beside a comparable evaluation: an engine change (WARN), a candidate's hash."""
     checks = []
-    fatal = {
-        "sampling": (baseline.sampling, dict(settings["sampling"])),
-        "prompt_hash": (baseline.prompt_hash, settings["prompt_hash"]),
-        "mode": (baseline.mode, current["mode"]),
-        "prompt_style": (baseline.prompt_style, current["prompt_style"]),
-    }
-    for key, (ref, cur) in fatal.items():
-        if ref != cur:
-            checks.append(
-                Check(
-                    "*",
-                    key,
-                    "settings",
-                    "fail",
-                    "differs from the baseline: the numbers are not comparable; "
-                    "re-create the baseline if the change is intended",
-                    str(ref),
-                    str(cur),
-                )
-            )
     engine = {k: str(v) for k, v in settings["engine_version"].items()}
     if engine != baseline.engine_version:
         checks.append(
@@ -299,7 +370,7 @@ def _settings_checks(
                 "checkpoint_hash",
                 "settings",
                 "pass",
-                "a different checkpoint than the baseline's (reported only: the gate judges metrics)",
+                "a candidate checkpoint against the promoted one's baseline",
                 baseline.checkpoint_hash,
                 current["checkpoint_hash"],
             )
@@ -315,35 +386,21 @@ def gate_checkpoint(
     records: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
     last_green: Mapping[str, Any] | None = None,
     seed: int = 0,
+    candidate: bool = False,
 ) -> GateResult:
-    """Gate one checkpoint's evaluation.
+    """Gate one checkpoint's evaluation; ``GateRefused`` when it is not comparable with the baseline.
 
     ``current`` is one entry of an evaluation's ``checkpoints`` (mode, checkpoint_hash, benchmarks);
     ``settings`` the evaluation's ``settings``; ``records`` the per-sample records by benchmark (needed by
-    the bootstrap method); ``last_green`` the ``checkpoints`` entry of the last green nightly, if any.
+    the bootstrap method); ``last_green`` the ``checkpoints`` entry of the last green nightly, if any;
+    ``candidate``: a new checkpoint judged against the promoted one's baseline (its hash may differ).
     """
+    check_comparable(current, settings, baseline, same_checkpoint=not candidate)
     result = GateResult(_settings_checks(current, settings, baseline))
     benches = current["benchmarks"]
     for bench, ref in baseline.benchmarks.items():
-        if bench not in benches:
-            result.checks.append(Check(bench, "*", "baseline", "fail", "benchmark missing from this run"))
-            continue
         m = benches[bench]
-        shape = {"n_problems": ref.n_problems, "n_samples": ref.n_samples, "k": ref.k}
-        shape_now = {key: int(m[key]) for key in shape}
-        if shape != shape_now:
-            result.checks.append(
-                Check(
-                    bench,
-                    "shape",
-                    "settings",
-                    "fail",
-                    "problems/samples/k differ from the baseline",
-                    str(shape),
-                    str(shape_now),
-                )
-            )
-            continue
+        shape = {key: getattr(ref, key) for key in SHAPE_KEYS}
         bench_records = (records or {}).get(bench)
         for metric in cfg.gate_metrics:
             if metric in ref.metrics:

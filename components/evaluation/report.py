@@ -199,16 +199,20 @@ def publish_prefect(markdown: str, key: str, description: str) -> bool:
 
 
 def flat_metrics(eval_metrics: Mapping[str, Any]) -> dict[str, float]:
-    """Scalars as ``<checkpoint>/<benchmark>/<metric>`` and ``<checkpoint>/throughput/<metric>`` keys."""
+    """Scalars as ``<checkpoint>/<benchmark>/<metric>`` and ``<checkpoint>/throughput/<metric>`` keys; a
+    smoke benchmark's as ``<checkpoint>/smoke/<benchmark>/<metric>``, apart from the main ones (the
+    average and the throughput are over the main benchmarks only)."""
     out: dict[str, float] = {}
     for name, ckpt in eval_metrics["checkpoints"].items():
         out[f"{name}/average_accuracy"] = float(ckpt["average_accuracy"])
         for key, value in ckpt["throughput"].items():
             out[f"{name}/throughput/{key}"] = float(value)
+        smoke = set(ckpt.get("smoke_benchmarks", ()))
         for bench, m in ckpt["benchmarks"].items():
+            where = f"{name}/smoke/{bench}" if bench in smoke else f"{name}/{bench}"
             for key, value in m.items():
                 if isinstance(value, int | float) and not isinstance(value, bool):
-                    out[f"{name}/{bench}/{key}"] = float(value)
+                    out[f"{where}/{key}"] = float(value)
     return out
 
 

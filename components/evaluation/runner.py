@@ -115,6 +115,24 @@ def engine_version(ecfg: EvaluateConfig) -> dict[str, str]:
     return out
 
 
+def grader_version(grading: Any) -> dict[str, str]:
+    """What grades an evaluation: the math-verify release and a fingerprint of the evaluation's grading
+    settings (answer extraction, numeric tolerance, timeout). Pinned in a baseline, like the sampling."""
+    import json
+
+    try:
+        verifier = version("math-verify")
+    except PackageNotFoundError:
+        verifier = "not installed"
+    settings = {
+        "extraction": grading.extraction.for_purpose("evaluation").model_dump(mode="json"),
+        "float_rel_tol": grading.float_rel_tol,
+        "timeout_s": grading.timeout_s,
+    }
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+    return {"math-verify": verifier, "settings": digest}
+
+
 def checkpoint_hash(model_dir: Path | str) -> str:
     """sha256 over the relative names and bytes of every file in a model directory (sorted)."""
     model_dir = Path(model_dir)
@@ -505,11 +523,13 @@ def evaluate_checkpoints(
     benchmarks: Sequence[BenchmarkSpec],
     problems_dir: Path | None,
     work_dir: Path | None = None,
+    preloaded: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
 ) -> EvalResult:
     """Evaluate every checkpoint on every benchmark; the one code path behind every evaluation number.
 
     ``work_dir``: where finished checkpoints are kept so a rerun resumes (and a launched SGLang server
-    writes its log); None keeps nothing.
+    writes its log); None keeps nothing. ``preloaded``: problems of benchmarks that are not registered
+    names (a user's file, ``npr eval --benchmarks file.jsonl``), by benchmark name.
     """
     from components.prompts import prompt_fingerprint
 
@@ -518,13 +538,20 @@ def evaluate_checkpoints(
         raise ValueError("no checkpoints to evaluate")
     if not benchmarks:
         raise ValueError("no benchmarks to evaluate (evaluate.benchmarks is empty)")
-    problems = {spec.name: load_benchmark_problems(spec, ecfg, problems_dir) for spec in benchmarks}
+    preloaded = preloaded or {}
+    problems = {
+        spec.name: list(preloaded[spec.name])
+        if spec.name in preloaded
+        else load_benchmark_problems(spec, ecfg, problems_dir)
+        for spec in benchmarks
+    }
     result = EvalResult(
         metrics={
             "settings": {
                 "sampling": sampling_settings(ecfg),
                 "prompt_hash": prompt_fingerprint(cfg.prompts)["prompt_hash"],
                 "engine_version": engine_version(ecfg),
+                "grader_version": grader_version(cfg.grading),
                 "schema": cfg.schema_name,
             },
             "checkpoints": {},

@@ -14,8 +14,11 @@ into single pairs. A single pair that fails twice is graded False with the reaso
 from __future__ import annotations
 
 import atexit
+import contextlib
 import multiprocessing
+import sys
 import threading
+from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
@@ -43,6 +46,34 @@ class PoolStats:
     failures: list[str] = field(default_factory=list)
 
 
+_MAIN_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def main_script_hidden() -> Iterator[None]:
+    """Start spawn-context processes without the parent's ``__main__`` script.
+
+    A spawned process first re-runs the parent's main script (as ``__mp_main__``) so that functions defined
+    there can be unpickled; a script that calls a flow at its top level, without an
+    ``if __name__ == "__main__":`` guard, would start that flow again in every pool worker. The workers need
+    nothing from ``__main__`` (their functions live in ``components.grading.mv_worker``), so while they
+    start, ``__main__`` shows multiprocessing neither a file nor a module spec to import.
+    """
+    main = sys.modules.get("__main__")
+    if main is None:
+        yield
+        return
+    with _MAIN_LOCK:
+        saved = {key: main.__dict__[key] for key in ("__file__", "__spec__") if key in main.__dict__}
+        main.__dict__.pop("__file__", None)
+        main.__dict__["__spec__"] = None
+        try:
+            yield
+        finally:
+            main.__dict__.pop("__spec__", None)
+            main.__dict__.update(saved)
+
+
 class VerifyPool:
     """A spawn-context ``ProcessPoolExecutor`` of ``workers`` math-verify workers, created on first use."""
 
@@ -60,11 +91,17 @@ class VerifyPool:
         if self._executor is None:
             # spawn, not fork: forking a parent that holds torch/threads/locks is unsafe, and spawn is what
             # verl's own math-verify wrapper uses.
-            self._executor = ProcessPoolExecutor(
+            executor = ProcessPoolExecutor(
                 max_workers=self.workers,
                 mp_context=multiprocessing.get_context("spawn"),
                 initializer=mv_worker.init_worker,
             )
+            # Workers are spawned on submit, one per submit that finds none idle: start all of them now,
+            # without the main script (main_script_hidden), so no later submit spawns one.
+            with main_script_hidden():
+                for _ in range(self.workers):
+                    executor.submit(mv_worker.worker_pid)
+            self._executor = executor
         return self._executor
 
     def _kill(self) -> None:

@@ -136,17 +136,23 @@ def launch_server(
 
 
 def launch_worker(
-    pool: str, url: str, root: Path, env: dict[str, str] | None = None, log: Path | None = None
+    pool: str,
+    url: str,
+    root: Path,
+    env: dict[str, str] | None = None,
+    log: Path | None = None,
+    stdout: int | None = subprocess.DEVNULL,
 ) -> subprocess.Popen:
-    """Start ``prefect worker start --pool POOL`` in its own session, running flows from ``root``."""
-    out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 - owned by the child process
+    """Start ``prefect worker start --pool POOL`` in its own session, running flows from ``root``; its
+    output goes to ``log``, else to ``stdout`` (None: this process's own, as `npr worker` shows it)."""
+    out = open(log, "ab") if log else stdout  # noqa: SIM115 - owned by the child process
     extra = {"PREFECT_API_URL": url, REPO_DIR_ENV: str(Path(root).resolve()), **(env or {})}
     return subprocess.Popen(
         [prefect_bin(), "worker", "start", "--pool", pool],
         cwd=root,
         env=_env(extra),
         stdout=out,
-        stderr=subprocess.STDOUT,
+        stderr=subprocess.STDOUT if log or stdout is not None else None,
         start_new_session=True,
     )
 
@@ -247,8 +253,12 @@ def start_server(host: str = "127.0.0.1", port: int = 4200, register: bool = Tru
 
     The server runs in its own process group (so stopping it stops uvicorn and what it spawned); Ctrl-C
     (SIGINT), SIGTERM (``kill``, systemd, a container stop) and SIGHUP (the terminal closed) all stop that
-    group before ``npr server`` exits. Only SIGKILL, which no process can catch, leaves it running.
+    group before ``npr server`` exits. Only SIGKILL, which no process can catch, leaves it running. While it
+    is healthy its API URL is recorded in PREFECT_HOME (``components.env.record_server``), so flows started
+    by hand with the same PREFECT_HOME use it instead of a second writer on its database.
     """
+    from components.env import record_server, server_file
+
     root = Path.cwd()
     cfg = load_orchestration(root)
     url = api_url(host, port)
@@ -256,13 +266,14 @@ def start_server(host: str = "127.0.0.1", port: int = 4200, register: bool = Tru
     proc = launch_server(host, port)
     try:
         waited = wait_healthy(url, cfg.server_start_timeout_s, proc)
+        record_server(url, os.getpid())
         print(
             f"Prefect server healthy after {waited:.1f} s; UI: http://{host}:{port}  API: {url}", flush=True
         )
         if register:
             actions = register_all(cfg, url, root)
             print(f"work pools: {actions}; deployments registered from {PREFECT_FILE}", flush=True)
-        print(f"start a worker with: PREFECT_API_URL={url} npr worker --pool {cfg.cpu_pool}", flush=True)
+        print(f"start a worker with: npr worker --pool {cfg.cpu_pool}", flush=True)
         proc.wait()
     except (KeyboardInterrupt, _Stop):
         print("stopping the Prefect server", flush=True)
@@ -271,20 +282,46 @@ def start_server(host: str = "127.0.0.1", port: int = 4200, register: bool = Tru
         interrupt = signal.signal(signal.SIGINT, signal.SIG_IGN)
         for sig in previous:
             signal.signal(sig, signal.SIG_IGN)
+        server_file().unlink(missing_ok=True)
         stop_process_group(proc)
         signal.signal(signal.SIGINT, interrupt)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
 
-def start_worker(pool: str) -> None:
-    """Become a ``prefect worker`` for ``pool`` (exec: signals reach the worker directly)."""
+def start_worker(pool: str) -> int:
+    """Run a ``prefect worker`` for ``pool`` until it exits or a signal stops it; returns its exit code
+    (0 when a signal stopped it).
+
+    The worker runs in its own process group, like the server: SIGINT (Ctrl-C), SIGTERM and SIGHUP to
+    `npr worker` stop that group (SIGINT first, which the worker handles by shutting down, then SIGTERM,
+    then SIGKILL; flow runs it started are in the group too). Its API: PREFECT_API_URL, else the running
+    `npr server` recorded in PREFECT_HOME, else 127.0.0.1:4200.
+    """
+    from components.env import running_server_url
+
     root = Path.cwd().resolve()
     cfg = load_orchestration(root)
     if pool not in (cfg.cpu_pool, cfg.gpu_pool):
         raise PrefectOpsError(
             f"unknown pool {pool!r}; this project's pools are {cfg.cpu_pool!r} and {cfg.gpu_pool!r}"
         )
-    env = _env({REPO_DIR_ENV: os.environ.get(REPO_DIR_ENV, str(root))})
-    env.setdefault("PREFECT_API_URL", api_url("127.0.0.1", 4200))
-    os.execvpe(prefect_bin(), [prefect_bin(), "worker", "start", "--pool", pool], env)
+    url = os.environ.get("PREFECT_API_URL") or running_server_url() or api_url("127.0.0.1", 4200)
+    previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    # flow code is pulled from $NPR_REPO_DIR (prefect.yaml's pull step): this checkout unless set (GPU image)
+    repo_dir = {REPO_DIR_ENV: os.environ.get(REPO_DIR_ENV, str(root))}
+    proc = launch_worker(pool, url, root, env=repo_dir, stdout=None)
+    try:
+        print(f"worker for pool {pool!r} on {url} (pid {proc.pid})", flush=True)
+        return proc.wait()
+    except (KeyboardInterrupt, _Stop):
+        print(f"stopping the {pool!r} worker", flush=True)
+    finally:
+        interrupt = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        for sig in previous:
+            signal.signal(sig, signal.SIG_IGN)
+        stop_process_group(proc)
+        signal.signal(signal.SIGINT, interrupt)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 0

@@ -128,7 +128,9 @@ def test_every_number_agrees_with_the_records(world: dict[str, Any]) -> None:
     assert {r["mode"] for r in seq} == {"sequential"} and len(seq) == N_PROBLEMS
     ckpt = world["metrics"]["checkpoints"]["papo_rl"]
     sp, tp = ckpt["speedup"], ckpt["throughput"]
-    assert sp["achieved_speedup"] == pytest.approx(sp["parallel_tokens_per_s"] / sp["sequential_tokens_per_s"])
+    assert sp["achieved_speedup"] == pytest.approx(
+        sp["parallel_tokens_per_s"] / sp["sequential_tokens_per_s"]
+    )
     assert sp["sequential_tokens"] == sum(r["n_tokens"] for r in seq)
     assert tp["achieved_speedup"] == sp["achieved_speedup"] and tp["speedup_efficiency"] == sp["efficiency"]
     # the recipe table is computed from the same records: NPR - seed is the difference of their accuracies
@@ -225,6 +227,7 @@ def test_nightly_flow_runs_under_prefect_and_fails_on_a_regression(
     base.nightly.baseline_dir = str(tmp_path / "baselines")
     base.nightly.state_file = str(tmp_path / "state.json")
     base.nightly.report_dir = str(tmp_path / "nightly")
+    base.nightly.alert_file = str(tmp_path / "nightly" / "alerts.jsonl")
     base.nightly.format_valid_floor = 0.0
     base.nightly.parallel_rate_floor = 0.0
     write_baseline(world["metrics"], base, tmp_path / "baselines" / "tiny-papo_rl.yaml")
@@ -242,6 +245,8 @@ def test_nightly_flow_runs_under_prefect_and_fails_on_a_regression(
         red = nightly.nightly_eval(profile="tiny", checkpoint=ckpt, return_state=True)
     assert red.is_failed() and "format_valid_rate" in red.message
     assert read_json(tmp_path / "nightly" / "gate.json")["verdict"] == "fail"
+    (alert,) = (tmp_path / "nightly" / "alerts.jsonl").read_text().splitlines()  # offline: the alert file
+    assert "format_valid_rate" in alert
 
 
 def test_served_evaluation_starts_a_server_per_checkpoint_and_keeps_finished_ones(
@@ -288,7 +293,10 @@ def test_served_evaluation_starts_a_server_per_checkpoint_and_keeps_finished_one
     assert len(list((work / "server-logs").glob("*.log"))) == 3  # seed once, papo_rl twice; none reused
     assert set(result.metrics["checkpoints"]) == {"seed", "papo_rl"}
     bench = result.metrics["checkpoints"]["papo_rl"]["benchmarks"]["tiny_test"]
-    assert bench["tokens_per_s"] > 0 and result.metrics["checkpoints"]["papo_rl"]["speedup"]["achieved_speedup"] > 0
+    assert (
+        bench["tokens_per_s"] > 0
+        and result.metrics["checkpoints"]["papo_rl"]["speedup"]["achieved_speedup"] > 0
+    )
     assert len(result.records["seed"]["tiny_test"]) == N_PROBLEMS * N_SAMPLES
     # the parallel checkpoint's requests stop at </guideline> (the fork trigger); the sequential ones don't
     import json as _json

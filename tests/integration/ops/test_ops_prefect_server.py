@@ -202,6 +202,15 @@ def test_server_deployments_worker_and_a_pipeline_run(
     assert stage_runs[0][0].task_version == expected_version
     assert (root / "artifacts/sample_orz/problems").is_dir()
     assert any((root / "dvc-remote" / "files" / "md5").rglob("*.dir"))  # pushed to the local remote
+    # W&B lineage in this default setup (local remote, offline): the outputs the flow pushed are reference
+    # artifacts of the stage's run, logged after the push into the same run
+    from wandb_records import by_type, read_records, run_files
+
+    run_id = (root / "artifacts/sample_orz/work/wandb_run_id").read_text().strip()
+    logged = {a.name: a for seg in run_files(root, run_id) for a in by_type(read_records(seg), "artifact")}
+    assert {"sample_orz-problems", "sample_orz-audit"} <= set(logged), sorted(logged)
+    (ref,) = logged["sample_orz-problems"].manifest.contents
+    assert ref.ref.startswith("file://") and Path(ref.ref.removeprefix("file://")).exists()
     # the artifact carries the stage's real numbers, and says how the task went
     flat = json.loads((root / "metrics/sample_orz.json").read_text())
     first, second = artifacts[0]["sample-orz-metrics"], artifacts[1]["sample-orz-metrics"]

@@ -59,7 +59,9 @@ def test_data_stages_get_runs_references_and_rejection_categories(
     wandb_dir: Path, tmp_path: Path, in_repo: Path
 ) -> None:
     cfg = load_config(profile="tiny")
-    cfg.sample_orz = cfg.sample_orz.model_copy(update={"synthetic_pool": 1200, "n": 150, "test_n": 40, "val_n": 20})
+    cfg.sample_orz = cfg.sample_orz.model_copy(
+        update={"synthetic_pool": 1200, "n": 150, "test_n": 40, "val_n": 20}
+    )
     root = tmp_path / "artifacts"
     sample = StageIO(
         stage="sample_orz",
@@ -140,3 +142,72 @@ def test_rl_rejections_are_counted_by_category(tmp_path: Path) -> None:
     assert rejection_categories({}, tmp_path) == {"misplaced_tag": 1, "unclosed_block": 1}
     with pytest.raises(ValueError, match="free text"):
         rejection_categories({"reasons": {f"message {i}": 1 for i in range(100)}})
+
+
+def test_a_local_remote_output_is_logged_as_an_artifact_after_the_push(
+    wandb_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The default setup (local DVC remote): the reference is kept while the object is not on the remote,
+    and logged into the stage's own run once the stage's push put it there (W&B's lineage has it)."""
+    import shutil
+
+    from ops_testing import VENV_BIN, run
+
+    from components.artifacts import write_shards
+    from components.tracking import PENDING_REFS_FILE, publish_pending_references
+
+    # a checkout with the shipped .dvc/config (its local remote, ../dvc-remote)
+    here = Path(__file__).resolve().parents[3]
+    repo = tmp_path / "repo"
+    for name in ("prompts", "configs", ".dvc"):
+        shutil.copytree(
+            here / name, repo / name, ignore=shutil.ignore_patterns("tmp", "cache", "config.local")
+        )
+    for name in ("dvc.yaml", "params.yaml"):
+        shutil.copy(here / name, repo / name)
+    run(["git", "init", "-q"], repo)
+    monkeypatch.chdir(repo)
+    cfg = load_config(profile="tiny")
+    root = repo / "artifacts"
+    trajectories = root / "distill/trajectories"
+    write_shards(trajectories, [_trajectory("a", 0), _trajectory("b", 0, correct=False)], n_shards=1)
+    rf = root / "reject_filter"
+    io = StageIO(
+        stage="reject_filter",
+        inputs={"distill/trajectories": trajectories},
+        outputs={"accepted": rf / "accepted", "audit": rf / "audit"},
+        metrics=rf / "metrics.json",
+    )
+    run_stage("reject_filter", cfg, io)
+    first = _records_of(wandb_dir, rf / "work")
+    assert by_type(first, "artifact") == []  # the object is not on the remote yet
+    pending = {r["name"]: r for r in json.loads((rf / "work" / PENDING_REFS_FILE).read_text())}
+    assert set(pending) == {"reject_filter/accepted", "reject_filter/audit"}
+    assert all(r["uri"].startswith("file://") for r in pending.values())
+
+    assert publish_pending_references(cfg, "reject_filter", rf / "work") == 0  # still not pushed: nothing
+    # the stage's push: DVC puts the output's objects on the local remote (here from a scratch DVC project
+    # holding the same bytes, so the same md5 objects, pushed to this checkout's remote)
+    dvc, scratch = str(VENV_BIN / "dvc"), tmp_path / "scratch"
+    shutil.copytree(rf / "accepted", scratch / "accepted")
+    run([dvc, "init", "--no-scm", "-q"], scratch)
+    run([dvc, "remote", "add", "-d", "r", str(repo / "dvc-remote")], scratch)
+    run([dvc, "add", "-q", "accepted"], scratch)
+    run([dvc, "push", "-q"], scratch)
+    assert publish_pending_references(cfg, "reject_filter", rf / "work") == 1
+    # the audit was not pushed here: it stays pending for the next push
+    assert [r["name"] for r in json.loads((rf / "work" / PENDING_REFS_FILE).read_text())] == [
+        "reject_filter/audit"
+    ]
+
+    run_id = (rf / "work" / RUN_ID_FILE).read_text().strip()
+    segments = run_files(wandb_dir, run_id)
+    assert len(segments) == 2  # the same run, resumed after the push
+    (artifact,) = by_type(read_records(segments[-1]), "artifact")
+    assert artifact.name == "reject_filter-accepted" and artifact.type == "dataset"
+    (entry,) = artifact.manifest.contents
+    md5 = dvc_md5(rf / "accepted")["md5"]
+    assert entry.ref == pending["reject_filter/accepted"]["uri"] and entry.ref.endswith(
+        f"/files/md5/{md5[:2]}/{md5[2:]}"
+    )
+    assert Path(entry.ref.removeprefix("file://")).exists()  # the pushed object itself

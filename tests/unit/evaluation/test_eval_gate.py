@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from components.evaluation.gate import (
+    GateRefused,
     gate_checkpoint,
     load_baseline,
     load_last_green,
@@ -17,6 +18,7 @@ from components.evaluation.gate import (
     write_baseline,
 )
 from components.evaluation.metrics import RECORD_FIELDS
+from tests.unit.evaluation.conftest import SETTINGS
 
 
 def _gate(current_eval: dict, cfg: Any, **kw: Any):
@@ -119,13 +121,26 @@ def test_format_drop_above_floor_warns(baseline: Any, make_eval: Any, nightly_cf
     assert [c.metric for c in result.warnings()] == ["format_valid_rate"]
 
 
-def test_changed_settings_make_the_comparison_fail(baseline: Any, make_eval: Any, nightly_cfg: Any) -> None:
-    result = _gate(make_eval(0.6, settings={"prompt_hash": "other"}), nightly_cfg, baseline=baseline)
-    assert [c.metric for c in result.failures()] == ["prompt_hash"]
-    style = _gate(make_eval(0.6, prompt_style="sequential"), nightly_cfg, baseline=baseline)
-    assert [c.metric for c in style.failures()] == ["prompt_style"]
-    shape = _gate(make_eval(0.6, n_problems=100), nightly_cfg, baseline=baseline)
-    assert [c.metric for c in shape.failures()] == ["shape"]
+def test_other_settings_are_refused_never_a_regression(
+    baseline: Any, make_eval: Any, nightly_cfg: Any
+) -> None:
+    cases = {
+        "prompt_hash": make_eval(0.6, settings={"prompt_hash": "other"}),
+        "prompt_style": make_eval(0.6, prompt_style="sequential"),
+        "tiny_test.n_problems": make_eval(0.6, n_problems=100),
+        "tiny_test.k": make_eval(0.6, k=2),
+        "sampling.merge_mode": make_eval(
+            0.6, settings={"sampling": {**SETTINGS["sampling"], "merge_mode": "reprefill"}}
+        ),
+        "grader_version": make_eval(0.6, settings={"grader_version": {"math-verify": "9", "settings": "x"}}),
+        "mode": make_eval(0.6, mode="sequential"),
+    }
+    for what, ev in cases.items():
+        with pytest.raises(GateRefused) as err:
+            _gate(ev, nightly_cfg, baseline=baseline)
+        message = str(err.value)
+        assert what in message and "not a regression" in message, (what, message)
+        assert "npr nightly promote artifacts/papo_rl/model" in message
     engine = {"npr_pipeline": "0.2.0", "torch": "2.13.0", "transformers": "5.10.4", "backend": "torch"}
     bumped = _gate(make_eval(0.6, settings={"engine_version": engine}), nightly_cfg, baseline=baseline)
     assert bumped.verdict == "warn" and [c.metric for c in bumped.warnings()] == ["engine_version"]
@@ -198,14 +213,25 @@ def test_baseline_keeps_the_benchmarks_the_nightly_runs(
         write_baseline(ev, tiny_cfg, tmp_path / "c.yaml", benchmarks=["math500"])
 
 
-def test_the_verdict_never_depends_on_the_checkpoint_hash(
+def test_a_baseline_of_another_checkpoint_is_refused_unless_judging_a_candidate(
     baseline: Any, make_eval: Any, nightly_cfg: Any
 ) -> None:
-    # the same numbers from a checkpoint whose bytes differ (another machine of the same kind, a retrain)
-    result = _gate(make_eval(0.6, checkpoint_hash="sha256:0ther"), nightly_cfg, baseline=baseline)
+    other = make_eval(0.6, checkpoint_hash="sha256:0ther")
+    with pytest.raises(
+        GateRefused, match=r"baseline of checkpoint sha256:feed .*is sha256:0ther.*npr nightly promote"
+    ):
+        _gate(other, nightly_cfg, baseline=baseline)
+    # a candidate being promoted is judged against the old baseline by its numbers
+    result = _gate(other, nightly_cfg, baseline=baseline, candidate=True)
     assert result.verdict == "pass" and not result.warnings()
     (hash_check,) = [c for c in result.checks if c.metric == "checkpoint_hash"]
-    assert hash_check.current == "sha256:0ther" and "reported only" in hash_check.reason
+    assert hash_check.current == "sha256:0ther" and "candidate" in hash_check.reason
+    assert (
+        _gate(
+            make_eval(0.40, checkpoint_hash="sha256:0ther"), nightly_cfg, baseline=baseline, candidate=True
+        ).verdict
+        == "fail"
+    )
 
 
 def test_a_malformed_baseline_is_one_clear_error(tmp_path: Path, baseline: Any) -> None:

@@ -6,7 +6,13 @@ from pathlib import Path
 from typing import Any
 
 from components.evaluation.plots import accuracy_rows, render_pngs, speedup_rows, write_plot_data
-from components.evaluation.report import accuracy_table, in_prefect_run, publish_prefect, render_report
+from components.evaluation.report import (
+    accuracy_table,
+    flat_metrics,
+    in_prefect_run,
+    publish_prefect,
+    render_report,
+)
 
 
 def _two_checkpoints(make_eval: Any) -> dict[str, Any]:
@@ -54,7 +60,9 @@ def test_accuracy_table_is_table_2_shaped(make_eval: Any) -> None:
 
 def test_report_has_throughput_and_detail(make_eval: Any) -> None:
     md = render_report(_two_checkpoints(make_eval), "Eval", ["accuracy.png"])
-    assert "| papo_rl | parallel | 3000.0 | 60.0 | 3.40 | 16 x 4 | 3000.0 | 1000.0 | 3.00 | 3.50 | 0.86 |" in md
+    assert (
+        "| papo_rl | parallel | 3000.0 | 60.0 | 3.40 | 16 x 4 | 3000.0 | 1000.0 | 3.00 | 3.50 | 0.86 |" in md
+    )
     assert "| sr_rl | sequential | 1100.0 | 70.0 | 1.00 | – | – | – | – | – | – |" in md
     assert "| papo_rl | aime24 | 200 × 8 | 70.0 (k=4) |" in md
     assert md.rstrip().endswith("![accuracy](accuracy.png)")
@@ -92,3 +100,6 @@ def test_smoke_samples_get_their_own_table_and_no_average(make_eval: Any) -> Non
     assert smoke[3] == "| papo_rl | parallel | 10.0 |"
     md = render_report(ev, "Eval")
     assert "## Smoke samples (not in any average)" in md
+    flat = flat_metrics(ev)  # W&B's summary: smoke numbers kept apart, under smoke/
+    assert flat["papo_rl/smoke/aime24/accuracy"] == 0.1 and "papo_rl/aime24/accuracy" not in flat
+    assert flat["papo_rl/tiny_test/accuracy"] == 0.5

@@ -15,8 +15,9 @@ import yaml
 import flows.nightly as nightly
 from components.artifacts import read_json
 from components.config import load_config
-from components.evaluation.gate import gate_checkpoint, load_baseline, write_baseline
-from components.evaluation.runner import EvalResult
+from components.evaluation.gate import GateRefused, gate_checkpoint, load_baseline, write_baseline
+from components.evaluation.runner import EvalResult, checkpoint_hash
+from tests.unit.evaluation.conftest import SETTINGS
 
 
 class CannedEvaluation:
@@ -40,23 +41,32 @@ def setup(tmp_path: Path, in_repo: Path, monkeypatch: pytest.MonkeyPatch, make_e
             f"nightly.baseline_dir={tmp_path / 'baselines'}",
             f"nightly.state_file={tmp_path / 'state' / 'last_green.json'}",
             f"nightly.report_dir={tmp_path / 'nightly'}",
+            f"nightly.alert_file={tmp_path / 'nightly' / 'alerts.jsonl'}",
             "tracking.mode=disabled",  # W&B offline costs seconds per run; one test below uses it
         ],
     )
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.delenv("NPR_ALERT_WEBHOOK", raising=False)
     monkeypatch.setattr(nightly, "load_config", lambda profile: cfg)
     canned = CannedEvaluation()
     monkeypatch.setattr(nightly, "evaluate_promoted", canned)
     checkpoint = tmp_path / "papo_rl" / "model"
     checkpoint.mkdir(parents=True)
-    write_baseline(
-        make_eval(0.60), cfg, Path(cfg.nightly.baseline_dir) / "tiny-papo_rl.yaml", command="pytest"
-    )
-    return {"cfg": cfg, "canned": canned, "checkpoint": str(checkpoint), "tmp": tmp_path}
+    (checkpoint / "model.safetensors").write_bytes(b"weights")
+    digest = checkpoint_hash(checkpoint)
+    # canned evaluations of this checkpoint with this profile's settings (what the real runner records)
+    _, settings = nightly.planned_evaluation(cfg, nightly.resolve_checkpoint(cfg, str(checkpoint)), digest)
+
+    def ev(accuracy: float = 0.60, **kw: Any) -> dict[str, Any]:
+        kw.setdefault("settings", {**settings, "engine_version": SETTINGS["engine_version"]})
+        return make_eval(accuracy, checkpoint_hash=kw.pop("checkpoint_hash", digest), n_samples=2, k=2, **kw)
+
+    write_baseline(ev(0.60), cfg, Path(cfg.nightly.baseline_dir) / "tiny-papo_rl.yaml", command="pytest")
+    return {"cfg": cfg, "canned": canned, "checkpoint": str(checkpoint), "tmp": tmp_path, "ev": ev}
 
 
 def test_green_night_completes_writes_the_diff_and_becomes_last_green(setup: dict, make_eval: Any) -> None:
-    setup["canned"].queue.append(make_eval(0.61))
+    setup["canned"].queue.append(setup["ev"](0.61))
     summary = nightly.nightly_eval.fn(profile="tiny", checkpoint=setup["checkpoint"])
     assert summary["verdict"] == "pass" and summary["failures"] == []
     assert summary["published"] is False and summary["alerted"] is False  # no flow run, W&B offline
@@ -67,7 +77,7 @@ def test_green_night_completes_writes_the_diff_and_becomes_last_green(setup: dic
 
 
 def test_regression_ends_failed_and_keeps_the_last_green(setup: dict, make_eval: Any) -> None:
-    setup["canned"].queue += [make_eval(0.61), make_eval(0.45)]
+    setup["canned"].queue += [setup["ev"](0.61), setup["ev"](0.45)]
     nightly.nightly_eval.fn(profile="tiny", checkpoint=setup["checkpoint"])
     state = nightly.nightly_eval.fn(profile="tiny", checkpoint=setup["checkpoint"])
     assert state.is_failed()
@@ -79,14 +89,66 @@ def test_regression_ends_failed_and_keeps_the_last_green(setup: dict, make_eval:
     assert last["accuracy"] == 0.61
 
 
+def test_a_failed_night_alerts_through_the_webhook_and_the_alert_file(
+    setup: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    received: list[dict] = []
+
+    class Receiver(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("NPR_ALERT_WEBHOOK", f"http://127.0.0.1:{server.server_port}/hook")
+    try:
+        setup["canned"].queue.append(setup["ev"](0.45))
+        state = nightly.nightly_eval.fn(profile="tiny", checkpoint=setup["checkpoint"])
+    finally:
+        server.shutdown()
+    assert state.is_failed()
+    summary = state.data
+    assert summary["webhook"] == "sent (HTTP 204)"
+    (posted,) = received
+    assert posted["verdict"] == "fail" and posted["checkpoint"] == "papo_rl"
+    assert "tiny_test/accuracy" in posted["text"] and posted["diff_table"].endswith("gate.md")
+    (line,) = Path(summary["alert_file"]).read_text().splitlines()
+    assert json.loads(line)["failures"] == posted["failures"]
+
+
+def test_an_unreachable_webhook_is_recorded_and_the_night_still_fails(
+    setup: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NPR_ALERT_WEBHOOK", "http://127.0.0.1:9/hook")  # nothing listens on port 9
+    setup["canned"].queue.append(setup["ev"](0.45))
+    state = nightly.nightly_eval.fn(profile="tiny", checkpoint=setup["checkpoint"])
+    assert state.is_failed() and state.data["webhook"].startswith("failed: ")
+    assert "failed: " in Path(state.data["alert_file"]).read_text()
+
+
+def test_a_green_night_alerts_no_one(setup: dict) -> None:
+    setup["canned"].queue.append(setup["ev"](0.61))
+    nightly.nightly_eval.fn(profile="tiny", checkpoint=setup["checkpoint"])
+    assert not Path(setup["cfg"].nightly.alert_file).exists()
+
+
 def test_format_collapse_fails_the_night(setup: dict, make_eval: Any) -> None:
-    setup["canned"].queue.append(make_eval(0.61, format_valid_rate=0.2))
+    setup["canned"].queue.append(setup["ev"](0.61, format_valid_rate=0.2))
     state = nightly.nightly_eval.fn(profile="tiny", checkpoint=setup["checkpoint"])
     assert state.is_failed() and "format_valid_rate" in state.message
 
 
 def test_drift_from_last_green_warns_and_compares_with_both(setup: dict, make_eval: Any) -> None:
-    setup["canned"].queue += [make_eval(0.80), make_eval(0.62)]
+    setup["canned"].queue += [setup["ev"](0.80), setup["ev"](0.62)]
     assert nightly.nightly_eval.fn(profile="tiny", checkpoint=setup["checkpoint"])["verdict"] == "pass"
     summary = nightly.nightly_eval.fn(profile="tiny", checkpoint=setup["checkpoint"])
     assert summary["verdict"] == "warn"
@@ -97,8 +159,31 @@ def test_drift_from_last_green_warns_and_compares_with_both(setup: dict, make_ev
 
 
 def test_missing_baseline_fails_before_evaluating(setup: dict) -> None:
-    with pytest.raises(FileNotFoundError, match="write_baseline"):
+    with pytest.raises(FileNotFoundError, match="npr nightly promote"):
         nightly.nightly_eval.fn(profile="tiny", checkpoint=setup["checkpoint"], baseline="no-such-tag")
+    assert setup["canned"].calls == 0
+
+
+def test_a_baseline_of_another_checkpoint_is_refused_before_evaluating(setup: dict) -> None:
+    """The fresh clone's case: the workspace's checkpoint was retrained since the baseline was promoted."""
+    Path(setup["checkpoint"], "model.safetensors").write_bytes(b"retrained weights")
+    with pytest.raises(GateRefused) as err:
+        nightly.nightly_eval.fn(profile="tiny", checkpoint=setup["checkpoint"])
+    message = str(err.value)
+    assert "baseline of checkpoint" in message and "not a regression" in message
+    assert f"npr nightly promote {setup['checkpoint']}" in message
+    assert setup["canned"].calls == 0
+    assert not (Path(setup["cfg"].nightly.report_dir) / "gate.json").exists()
+
+
+def test_other_settings_are_refused_before_evaluating(setup: dict) -> None:
+    setup["cfg"].evaluate.generation.merge_mode = "reprefill"
+    with pytest.raises(GateRefused, match="sampling.merge_mode shared_kv in the baseline, reprefill now"):
+        nightly.nightly_eval.fn(profile="tiny", checkpoint=setup["checkpoint"])
+    setup["cfg"].evaluate.generation.merge_mode = "shared_kv"
+    setup["cfg"].evaluate.benchmarks[0].k = 1
+    with pytest.raises(GateRefused, match="tiny_test.k 2 in the baseline, 1 now"):
+        nightly.nightly_eval.fn(profile="tiny", checkpoint=setup["checkpoint"])
     assert setup["canned"].calls == 0
 
 
@@ -120,7 +205,7 @@ def test_baseline_resolution_and_benchmark_selection(setup: dict) -> None:
 def test_a_failed_night_is_logged_to_wandb_offline_without_alerting(setup: dict, make_eval: Any) -> None:
     cfg = setup["cfg"]
     cfg.tracking.mode = "offline"
-    result = EvalResult(metrics=make_eval(0.45))
+    result = EvalResult(metrics=setup["ev"](0.45))
     baseline = load_baseline(Path(cfg.nightly.baseline_dir) / "tiny-papo_rl.yaml")
     gate = gate_checkpoint(
         result.metrics["checkpoints"]["papo_rl"], result.metrics["settings"], baseline, cfg.nightly

@@ -91,3 +91,45 @@ def test_training_curves_from_the_trainers_logs(tmp_path: Path) -> None:
     ]
     assert not any(isinstance(v, float) and math.isnan(v) for r in curves["train"] for v in r.values())
     assert training_curves(tmp_path / "nothing") == {"train": []}
+
+
+def test_smoke_benchmarks_enter_no_flat_metric_and_no_average(tmp_path: Path) -> None:
+    """The tiny profile's shape: one main benchmark and 3-problem smoke samples of the real ones."""
+    main = {"accuracy": 0.4, "format_valid_rate": 0.99, "parallel_rate": 0.98}
+    smoke = {"accuracy": 0.0, "format_valid_rate": 0.0, "parallel_rate": 0.0}
+    ckpt = {
+        "average_accuracy": 0.4,
+        "benchmarks": {"tiny_test": main, "aime24": smoke, "aime25": smoke},
+        "smoke_benchmarks": ["aime24", "aime25"],
+        "throughput": {"tokens_per_s": 20.0, "achieved_speedup": 1.5, "ideal_speedup": 2.0},
+    }
+    only_smoke = {**ckpt, "benchmarks": {"aime24": smoke}, "smoke_benchmarks": ["aime24"], "average_accuracy": 0.0}
+    write_summary("evaluate", {"checkpoints": {"papo_rl": ckpt, "smoke_only": only_smoke}}, tmp_path / "ev")
+    row = json.loads((tmp_path / "ev" / "papo_rl.json").read_text())
+    assert row == {
+        "accuracy": 0.4, "format_valid": 0.99, "parallel_rate": 0.98, "speedup": 1.5, "ideal_speedup": 2.0,
+        "tokens_per_s": 20.0, "benchmark": {"tiny_test": 0.4},
+    }  # fmt: skip
+    assert json.loads((tmp_path / "ev" / "smoke_only.json").read_text()) == {"benchmark": {}}
+    summary = wandb_summary("evaluate", {"checkpoints": {"papo_rl": ckpt}})
+    assert summary["papo_rl/format_valid"] == 0.99 and not any("aime" in key for key in summary)
+
+
+def test_committed_evaluation_metrics_hold_no_smoke_benchmark(repo_root: Path) -> None:
+    """metrics/evaluate/*.json as committed (what `dvc metrics show` prints on a fresh clone): every per-
+    benchmark number is a main benchmark of the profile, and each average is the mean over those alone."""
+    import yaml
+
+    params = yaml.safe_load((repo_root / "params.yaml").read_text(encoding="utf-8"))
+    benchmarks = params["evaluate"]["benchmarks"]
+    main = {b["name"] for b in benchmarks if not b.get("smoke")}
+    smoke = {b["name"] for b in benchmarks if b.get("smoke")}
+    rows = {p.stem: json.loads(p.read_text()) for p in sorted((repo_root / "metrics" / "evaluate").glob("*.json"))}
+    assert rows, "no committed metrics/evaluate/*.json"
+    for name, row in rows.items():
+        per_bench = row.get("benchmark", {})
+        assert set(per_bench) <= main and not set(per_bench) & smoke, (name, sorted(per_bench))
+        if len(main) == 1 and per_bench:  # one main benchmark: the average is its value
+            assert row["accuracy"] == next(iter(per_bench.values())), name
+        assert set(row) <= {"accuracy", "format_valid", "parallel_rate", "speedup", "ideal_speedup",
+                            "tokens_per_s", "benchmark", "wall_time_s"}, name  # fmt: skip
