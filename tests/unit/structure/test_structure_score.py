@@ -272,4 +272,6 @@ def test_scoring_time_grows_linearly(unit: str) -> None:
     """10x the input must cost ~10x, not ~100x (a quadratic or backtracking scanner would)."""
     small, large = unit * (30_000 // len(unit)), unit * (300_000 // len(unit))
     ratio = _best_of(lambda: format_score(large)) / max(_best_of(lambda: format_score(small)), 1e-4)
-    assert ratio < 30, f"{unit!r}: 10x input took {ratio:.1f}x the time"
+    # linear is ~10x and quadratic ~100x; on a loaded 2-core machine a linear scan measured up to 35x
+    # (cache effects of the 300k input plus noise), so the bar sits between: 50x
+    assert ratio < 50, f"{unit!r}: 10x input took {ratio:.1f}x the time"
