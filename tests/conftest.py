@@ -13,6 +13,9 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 for key, value in {
     "DO_NOT_TRACK": "1",
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    # tests that start Prefect's ephemeral server in-process get the CLI's 120 s (components.env), not
+    # Prefect's 20 s, which a loaded 2-core machine missed (test_gpu_checkout's pull steps)
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
     "DVC_NO_ANALYTICS": "1",
     "GX_ANALYTICS_ENABLED": "false",
     "HF_HUB_OFFLINE": "1",
