@@ -116,9 +116,11 @@ def run_verl_stage(
     _, overrides_file = prepare_launch(stage, cfg, init_dir, problems_dir, run_dir, train_problems=train_problems)
     overrides = yaml.safe_load(Path(overrides_file).read_text())["overrides"]
     entry = os.environ.get("NPR_VERL_ENTRY_MODULE", VERL_ENTRY_MODULE)  # a stand-in trainer in tests
-    argv = [sys.executable, "-m", entry, *overrides]
-
     attempt, attempt_log = report.next_attempt(run_dir)
+    # Hydra's own output folder (resolved config, log) in the run, per attempt: by default main_ppo writes
+    # outputs/<date>/<time> into the working directory, i.e. the user's checkout
+    hydra_dir = (run_dir / "hydra" / f"attempt-{attempt:02d}").resolve()
+    argv = [sys.executable, "-m", entry, *overrides, f"hydra.run.dir={hydra_dir}"]
     attempt_log.parent.mkdir(parents=True, exist_ok=True)
     resumed_from = latest_checkpoint_step(run_dir)
     env = dict(os.environ)

@@ -176,6 +176,9 @@ def _left_behind(before: set[int], wait_s: float = 60.0, root: Path | None = Non
 
 def _assert_trained_through_verl(root: Path, stage: str, metrics: dict, before: set[int]) -> None:
     work = root / "artifacts" / stage / "work" / "verl"
+    # Hydra's output folder is the run's, not outputs/ in the checkout
+    assert (work / "hydra" / "attempt-01" / ".hydra" / "overrides.yaml").exists()
+    assert not (root / "outputs").exists()
     overrides = (work / "verl_overrides.yaml").read_text()
     assert "python -m verl.trainer.main_ppo" in overrides and "actor_rollout_ref.rollout.name=torch" in overrides
     assert metrics["backend"] == "verl" and metrics["checkpoint_step"] == 2 and metrics["steps"] == 2
