@@ -19,7 +19,11 @@ Uses only the installed torch/transformers and this repository. Two parts:
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
+import gc
+import importlib.util
+import inspect
 import json
 import os
 import random
@@ -42,6 +46,17 @@ Row = tuple[str, str, str, str]  # what, measured, planner, note
 
 def _fmt_gib(n: float) -> str:
     return f"{n / 2**30:.2f} GiB"
+
+
+def _metric_text(metrics: dict, *keys: str) -> str:
+    """``key value`` for each of ``keys`` the stage's metrics really hold (a missing or None one is left out)."""
+    parts = []
+    for key in keys:
+        value = metrics.get(key)
+        if value is None:
+            continue
+        parts.append(f"{key} {value:.3g}" if isinstance(value, float) else f"{key} {value}")
+    return ", ".join(parts) or "metrics: " + ", ".join(sorted(metrics)[:8])
 
 
 # ------------------------------------------------------------------------------------------ part 1
@@ -154,11 +169,11 @@ def run_tiny_stages(device: torch.device, cpu: bool, stages: list[str]) -> list[
                     note = f"{err}; the warmup trains on {metrics['accepted']} synthetic parallel solutions"
             wall = time.perf_counter() - start
             detail = {
-                "seed": lambda m: f"loss {m.get('final_loss', float('nan')):.3f}",
+                "seed": lambda m: _metric_text(m, "steps", "final_loss", "accuracy", "format_valid"),
                 "npr_zero": lambda m: f"format-valid {m.get('final/format_valid', 0):.2f}",
                 "distill": lambda m: f"{m.get('trajectories', m.get('n_trajectories', '?'))} trajectories",
                 "reject_filter": lambda m: f"accepted {m.get('accepted', '?')}",
-                "parallel_warmup": lambda m: f"loss {m.get('final_loss', float('nan')):.3f}",
+                "parallel_warmup": lambda m: _metric_text(m, "steps", "final_loss"),
                 "papo_rl": lambda m: f"rollouts {m.get('train/rollouts_trained', 0):.0f}",
             }.get(stage, lambda m: "")(metrics)
             rows.append(
@@ -191,32 +206,124 @@ def build_model(shape: dict, device: torch.device, dtype: torch.dtype):
     return model.to(dtype)
 
 
+PROMPT = [{"role": "user", "content": "2 + 3 * 4 = ?"}]
+# a forced response prefix that ends at </guideline>: the engine forks there into three <step> branches
+FORCED = "<guideline><plan>1: left</plan><plan>2: right</plan><plan>3: check</plan></guideline>"
+
+
+def _parallel_generations(model, tok, tags, batch: int, new_tokens: int, merge_mode: str = "shared_kv"):
+    from components.engine import GenerationConfig, generate
+
+    prompt = tok.apply_chat_template(PROMPT, tokenize=False, add_generation_prompt=True)
+    cfg = GenerationConfig(
+        mode="parallel", temperature=1.0, max_new_tokens=new_tokens, batch_size=batch, seed=0,
+        max_step_tokens=max(2, new_tokens // 5), min_step_tokens=1, merge_mode=merge_mode,
+    )  # fmt: skip
+    with torch.no_grad():
+        return generate(model, tok, [prompt] * batch, cfg, tags, response_prefixes=[FORCED] * batch)
+
+
+def _rollouts_of(gens) -> list:
+    """The engine's responses as the RL trainer keeps them (``RLTrainer._rollout_groups``)."""
+    from components.training.rl_batch import Rollout
+
+    return [
+        Rollout(group_id="g", problem_id="p", answer="", prompt_ids=list(g.prompt_ids),
+                response_ids=list(g.token_ids) + ([g.stop_token_id] if g.stop_token_id is not None else []),
+                text=g.text, finish_reason=g.finish_reason, parallel_taken=g.parallel_taken,
+                extra={"merge_mode": g.merge_mode, "rollout_logprobs": list(g.logprobs)})
+        for g in gens
+    ]  # fmt: skip
+
+
+def _stats(values: torch.Tensor) -> str:
+    if values.numel() == 0:
+        return "no tokens"
+    v = values.double()
+    return f"mean {v.mean():.2e}, p99 {torch.quantile(v, 0.99):.2e}, max {v.max():.2e}"
+
+
+def exact_merge_rows(model, tok, tags, batch: int, new_tokens: int, micro: int = 4) -> list[Row]:
+    """The engine's recorded log-probs of its parallel responses against the trainer's teacher forcing.
+
+    ``shared_kv`` (the torch engine's merge: the branches' own KV behind the parallel mask) must agree with
+    the trainer's default (``isolated``) batch after the merge as well as before it; ``reprefill`` (the
+    branches re-read as one sequential text, what a stock server does) disagrees with it after the merge,
+    and must agree with the trainer's ``reread`` semantics where ``build_policy_batch`` has them.
+    """
+    from components.training.rl_batch import build_policy_batch, response_log_probs, structural_rejection
+
+    has_merge = "merge" in inspect.signature(build_policy_batch).parameters
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    rows: list[Row] = []
+    for merge_mode, semantics in (("shared_kv", ("isolated",)), ("reprefill", ("isolated", "reread"))):
+        start = time.perf_counter()
+        gens = _parallel_generations(model, tok, tags, batch, new_tokens, merge_mode)
+        wall = time.perf_counter() - start
+        # A random-init model never closes its <takeaway>: the response ends inside it (finish "length").
+        # The trainer's strict parser wants it closed, so a closing tag is appended after the last compared
+        # token (causal: no compared token's log-prob can depend on it); the rest is the trainer's filter.
+        kept = []
+        for g, r in zip(gens, _rollouts_of(gens), strict=True):
+            if structural_rejection(r, tags) and g.finish_reason == "length":
+                r.response_ids.append(tags.ids["</takeaway>"])
+            if not structural_rejection(r, tags):
+                kept.append((g, r))
+        gens, rollouts = [g for g, _ in kept], [r for _, r in kept]
+        forked = sum(g.parallel_taken for g in gens)
+        post_tokens = sum(sum(g.post_merge_mask) for g in gens)
+        for semantic in semantics:
+            what = f"exact merge: engine {merge_mode} vs trainer {semantic}, post-merge abs Δlogp"
+            if semantic != "isolated" and not has_merge:
+                rows.append((what, "not available", "", "build_policy_batch takes no `merge` argument here"))
+                continue
+            kwargs = {"merge": semantic} if has_merge else {}
+            post, pre = [], []
+            with torch.no_grad():
+                for i in range(0, len(rollouts), micro):
+                    part = rollouts[i : i + micro]
+                    lp, _ = response_log_probs(model, build_policy_batch(part, pad, tags, **kwargs))
+                    for b, g in enumerate(gens[i : i + micro]):
+                        n = len(g.token_ids)
+                        diff = (lp[b, :n].float().cpu() - torch.tensor(g.logprobs, dtype=torch.float32)).abs()
+                        mask = torch.tensor(g.post_merge_mask, dtype=torch.bool)
+                        post.append(diff[mask])
+                        pre.append(diff[~mask])
+            rows.append(
+                (what, _stats(torch.cat(post)), "",
+                 f"pre-merge {_stats(torch.cat(pre))}; {post_tokens} post-merge tokens; {len(gens)}/{batch} well-formed, "
+                 f"{forked} forked; "
+                 f"{batch} x {new_tokens} new tokens decoded in {wall:.1f} s")
+            )  # fmt: skip
+    return rows
+
+
 def decode_rows(model, tok, tags, new_tokens: int, batch: int) -> list[Row]:
     from components.engine import GenerationConfig, generate
 
-    prompt = tok.apply_chat_template(
-        [{"role": "user", "content": "2 + 3 * 4 = ?"}], tokenize=False, add_generation_prompt=True
-    )
-    forced = "<guideline><plan>1: left</plan><plan>2: right</plan><plan>3: check</plan></guideline>"
+    prompt = tok.apply_chat_template(PROMPT, tokenize=False, add_generation_prompt=True)
     out = []
     speed = {}
     for mode in ("sequential", "parallel"):
         cfg = GenerationConfig(
             mode=mode, temperature=1.0, max_new_tokens=new_tokens, batch_size=batch, seed=0,
-            max_step_tokens=new_tokens // 4, min_step_tokens=1,
+            max_step_tokens=max(2, new_tokens // 4), min_step_tokens=1,
         )  # fmt: skip
         start = time.perf_counter()
         with torch.no_grad():
-            gens = generate(model, tok, [prompt] * batch, cfg, tags, response_prefixes=[forced] * batch)
+            gens = generate(model, tok, [prompt] * batch, cfg, tags, response_prefixes=[FORCED] * batch)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
         wall = time.perf_counter() - start
         tokens = sum(len(g.token_ids) for g in gens)
+        critical = max(g.critical_path_tokens for g in gens)
         speed[mode] = tokens / wall
         forks = sum(g.parallel_taken for g in gens)
-        out.append((f"decode {mode}, {batch} x {new_tokens} new tokens", f"{speed[mode]:.0f} tokens/s", "",
-                    f"{tokens} tokens in {wall:.1f} s; forked {forks}/{batch}"))  # fmt: skip
+        out.append((f"decode {mode}, batch {batch} x {new_tokens} new tokens", f"{speed[mode]:.0f} tokens/s", "",
+                    f"{tokens} tokens in {wall:.1f} s ({critical} on the longest critical path); forked {forks}/{batch}"))  # fmt: skip
     out.append(
         (
-            "decode parallel / sequential",
+            f"decode parallel / sequential, batch {batch}",
             f"{speed['parallel'] / speed['sequential']:.2f}x",
             "",
             "tokens/s ratio",
@@ -242,14 +349,51 @@ def parallel_example(tok, tags, length: int, filler_text: str = " 1"):
     return SFTExample(tuple(ids), len(prompt), 0)
 
 
+def _verl_importable() -> bool:
+    return importlib.util.find_spec("verl") is not None
+
+
+def _papo_update_without_verl(model, rollouts, pad_id, tags, sc) -> tuple[dict[str, float], str]:
+    """One PAPO-shaped update from the RL trainer's own parts, for a machine without verl (the GPU node).
+
+    The batch (``build_policy_batch``, parallel mask), the log-probs (``response_log_probs``, chunked
+    vocabulary projection, entropy), the optimizer (``build_adamw``: fp32 masters for a bf16 model), one
+    micro-batch per rollout and the clipped step are ``RLTrainer._update``'s; only the policy loss is not
+    verl's: the on-policy token-mean ``-A * exp(logp - sg(logp))`` (verl's PAPO loss at ratio 1, which a
+    first update on fresh rollouts is) with group-normalised advantages.
+    """
+    from components.training.precision import build_adamw, stepped_parameters
+    from components.training.rl_batch import build_policy_batch, response_log_probs
+
+    optimizer = build_adamw(model, lr=sc.lr, betas=tuple(sc.adam_betas), weight_decay=sc.weight_decay)
+    rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float32)
+    advantages = (rewards - rewards.mean()) / (rewards.std() + 1e-6)
+    n_tokens = sum(len(r.response_ids) for r in rollouts)
+    optimizer.zero_grad(set_to_none=True)
+    total = 0.0
+    for r, a in zip(rollouts, advantages, strict=True):
+        batch = build_policy_batch([r], pad_id, tags).to(next(model.parameters()).device)
+        log_prob, _ = response_log_probs(model, batch, sc.temperature, with_entropy=True)
+        ratio = torch.exp(log_prob - log_prob.detach())
+        loss = -(a.to(log_prob.device) * ratio * batch.response_mask).sum() / n_tokens
+        loss.backward()
+        total += float(loss.detach())
+    grad_norm = torch.nn.utils.clip_grad_norm_(stepped_parameters(model, optimizer), sc.grad_clip)
+    optimizer.step()
+    name = type(optimizer).__name__
+    del optimizer
+    return {"actor/pg_loss": total, "actor/grad_norm": float(grad_norm)}, name
+
+
 def training_rows(model, tok, tags, shape_name: str, seq_len: int, device: torch.device) -> list[Row]:
     from components.training import memory
     from components.training.memory_probe import measure
-    from components.training.rl import RLTrainer
+    from components.training.precision import uses_master_weights
     from components.training.rl_batch import Rollout
     from components.training.sft import SFTSettings, _train_step, build_optimizer, build_scheduler
 
     w = 4 if next(model.parameters()).dtype == torch.float32 else 2
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     shape = memory.ModelShape.from_hf_config(model.config)
     rows: list[Row] = []
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -267,27 +411,25 @@ def training_rows(model, tok, tags, shape_name: str, seq_len: int, device: torch
             tok.pad_token_id,
             tags,
         )
+        if device.type == "cuda":
+            torch.cuda.synchronize()
         wall = time.perf_counter() - start
+    masters = f"{type(optimizer).__name__} ({'fp32 masters' if uses_master_weights(model) else 'no masters'})"
     plan = memory.training_state_terms(shape, w) + memory.training_activation_terms(
         shape, memory.ForwardShape(1, len(example.input_ids), True), w, True, "parallel_warmup"
     )
     planned = sum(t.bytes for t in plan) - shape.params * w  # the weights existed before the step
-    rows.append((f"parallel-mask SFT step ({shape_name}, {len(example.input_ids)} tokens)",
+    rows.append((f"parallel-mask SFT step ({shape_name}, {dtype}, {len(example.input_ids)} tokens)",
                  f"{wall:.2f} s, peak {_fmt_gib(reading.peak_bytes)}", _fmt_gib(planned),
-                 f"measured/planned {reading.peak_bytes / planned:.2f}; loss {record['loss']:.2f}"))  # fmt: skip
+                 f"measured/planned {reading.peak_bytes / planned:.2f}; loss {record['loss']:.2f}; {masters}"))  # fmt: skip
+    if hasattr(optimizer, "remove_hooks"):
+        optimizer.remove_hooks()
     del optimizer
+    model.zero_grad(set_to_none=True)
+    gc.collect()  # the fp32 masters and AdamW state go before the PAPO update builds its own
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
     # one PAPO update on parallel rollouts (the rollout text is the SFT example's layout)
-    from components.config import load_config
-
-    cfg = load_config(
-        ROOT / "configs" / "tiny.yaml",
-        overrides=["papo_rl.lr=1e-7", "papo_rl.micro_batch_size=1"],
-        root=ROOT,  # the script runs from its --out folder; the prompts live in the checkout
-    )
-    problems = [{"id": "p", "problem": "x", "answer": "1"}]
-    trainer = RLTrainer(
-        "papo_rl", cfg, model, tok, problems, problems, Path(tempfile.mkdtemp(prefix="npr-smoke-rl-"))
-    )
     other = parallel_example(tok, tags, seq_len, " 2")  # a different response: the advantages do not cancel
     rollouts = [
         Rollout(group_id="g", problem_id="p", answer="1", prompt_ids=list(ex.input_ids[: ex.n_prompt]),
@@ -295,22 +437,59 @@ def training_rows(model, tok, tags, shape_name: str, seq_len: int, device: torch
                 parallel_taken=True, reward=r)
         for ex, r in ((example, 1.0), (other, -1.0))
     ]  # fmt: skip
-    with measure(device) as reading:
-        start = time.perf_counter()
-        stats = trainer._update([rollouts], __import__("collections").Counter())
-        wall = time.perf_counter() - start
+    from components.config import load_config
+
+    cfg = load_config(
+        ROOT / "configs" / "tiny.yaml",
+        overrides=["papo_rl.lr=1e-7", "papo_rl.micro_batch_size=1"],
+        root=ROOT,  # the prompts live in the checkout
+    )
+    if _verl_importable():
+        from components.training.rl import RLTrainer
+
+        problems = [{"id": "p", "problem": "x", "answer": "1"}]
+        with measure(device) as reading:
+            trainer = RLTrainer(
+                "papo_rl", cfg, model, tok, problems, problems, Path(tempfile.mkdtemp(prefix="npr-smoke-rl-"))
+            )
+            start = time.perf_counter()
+            stats = trainer._update([rollouts], collections.Counter())
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            wall = time.perf_counter() - start
+        how = f"RLTrainer._update with verl's PAPO loss; {type(trainer.optimizer).__name__}"
+        if hasattr(trainer.optimizer, "remove_hooks"):
+            trainer.optimizer.remove_hooks()
+        del trainer
+    else:
+        with measure(device) as reading:
+            start = time.perf_counter()
+            stats, opt_name = _papo_update_without_verl(model, rollouts, tok.pad_token_id, tags, cfg.papo_rl)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            wall = time.perf_counter() - start
+        how = f"verl absent: the trainer's batch, log-probs and {opt_name}, on-policy surrogate loss"
     fwd = memory.ForwardShape(1, len(example.input_ids), True, scored=len(rollouts[0].response_ids))
     plan = memory.training_state_terms(shape, w) + memory.training_activation_terms(
         shape, fwd, w, True, "papo_rl"
     )
     planned = sum(t.bytes for t in plan) - shape.params * w
-    rows.append((f"PAPO update ({shape_name}, 2 rollouts x {len(example.input_ids)} tokens)",
+    rows.append((f"PAPO update ({shape_name}, {dtype}, 2 rollouts x {len(example.input_ids)} tokens)",
                  f"{wall:.2f} s, peak {_fmt_gib(reading.peak_bytes)}", _fmt_gib(planned),
-                 f"measured/planned {reading.peak_bytes / planned:.2f}; grad norm {stats['actor/grad_norm']:.3g}"))  # fmt: skip
+                 f"measured/planned {reading.peak_bytes / planned:.2f}; grad norm {stats['actor/grad_norm']:.3g}; {how}"))  # fmt: skip
+    model.zero_grad(set_to_none=True)
     return rows
 
 
-def shaped_model_rows(device: torch.device, cpu: bool) -> list[Row]:
+# new tokens, batch: (merge check), (decode at batch 1), (decode at batch 64); the SFT/PAPO sequence length.
+# On an H100 a random-init Qwen3-4B decodes at roughly 20-40 steps/s through the engine's per-step Python
+# loop, so the decode rows take about (1024 + 512) x 2 steps / 30 per s = 100 s, the merge check 2 x 512
+# steps = 35 s (plus the teacher-forced passes), the SFT and PAPO steps a few seconds each: well under 8 min.
+GPU_SIZES = dict(merge=(8, 512), decode=((1, 1024), (64, 512)), seq=4096)
+CPU_SIZES = dict(merge=(4, 96), decode=((1, 256), (64, 128)), seq=512)
+
+
+def shaped_model_rows(device: torch.device, cpu: bool, emit=lambda rows: None) -> list[Row]:
     from components.models.tags import add_tag_tokens
     from components.models.tiny import tiny_test_world
     from components.parallel import TagIds
@@ -318,27 +497,32 @@ def shaped_model_rows(device: torch.device, cpu: bool) -> list[Row]:
     shape = SMALL if cpu else QWEN3_4B
     name = "Qwen3-4B shape" if not cpu else "small Qwen3"
     dtype = torch.float32 if cpu else torch.bfloat16
+    sizes = CPU_SIZES if cpu else GPU_SIZES
     _, tok = tiny_test_world(seed=0)  # a tokenizer with the NPR tags; the model's vocabulary is larger
     model = build_model(shape, device, dtype)
     add_tag_tokens(model, tok, "npr")
     tags = TagIds.from_tokenizer(tok, "npr")
-    new_tokens, batch, seq = (256, 4, 512) if cpu else (4096, 8, 4096)
     rows = [
-        (f"{name}: parameters", f"{sum(p.numel() for p in model.parameters()) / 1e9:.3f} B", "", str(shape))
-    ]
+        (f"{name}: parameters", f"{sum(p.numel() for p in model.parameters()) / 1e9:.3f} B", "",
+         f"{str(dtype).removeprefix('torch.')}, random init; {shape}")
+    ]  # fmt: skip
     model.eval()
-    rows += decode_rows(model, tok, tags, new_tokens, batch)
+    rows += exact_merge_rows(model, tok, tags, *sizes["merge"])
+    emit(rows)
+    for batch, new_tokens in sizes["decode"]:
+        rows += decode_rows(model, tok, tags, new_tokens, batch)
+        emit(rows)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
     model.train()
-    rows += training_rows(model, tok, tags, name, seq, device)
+    rows += training_rows(model, tok, tags, name, sizes["seq"], device)
     return rows
 
 
-def print_table(rows: list[Row], device: str) -> str:
+def table_text(rows: list[Row], device: str) -> str:
     lines = [f"device: {device}", "", "| what | measured | planner | note |", "|---|---|---|---|"]
     lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
-    text = "\n".join(lines)
-    print(text)
-    return text
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -347,8 +531,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="also write the table (markdown) and rows (json) here")
     parser.add_argument(
         "--stages",
-        default=",".join(STAGES),
-        help="the first stages of part 1 to run (a prefix of the chain; '' for none)",
+        default="",
+        help="part 1: the first stages of the tiny chain to run, comma-separated (a prefix of "
+        f"{','.join(STAGES)}; default none: they need the project's whole environment)",
     )
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -361,21 +546,32 @@ def main(argv: list[str] | None = None) -> int:
         device = torch.device("cuda", 0)
     else:
         parser.error("no CUDA device: run with --cpu")
-    started = time.perf_counter()
-    rows: list[Row] = []
     stages = [x for x in args.stages.split(",") if x]
     if stages != STAGES[: len(stages)]:
         parser.error(f"--stages must be a prefix of {','.join(STAGES)}")
+    started = time.perf_counter()
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    name += f"; torch {torch.__version__}, python {sys.version.split()[0]}"
+
+    def emit(rows: list[Row], final: bool = False) -> str:
+        """Write the rows so far to --out (a run cut short by a time limit still leaves its table)."""
+        label = "total wall time" if final else "wall time so far"
+        rows = [*rows, (label, f"{time.perf_counter() - started:.0f} s", "", "")]
+        text = table_text(rows, name)
+        if args.out:
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / "smoke.md").write_text(text + "\n")
+            (args.out / "smoke.json").write_text(json.dumps([list(r) for r in rows], indent=1))
+        if not final:
+            print(f"[{time.perf_counter() - started:.0f} s] {rows[-2][0]}: {rows[-2][1]}", flush=True)
+        return text
+
+    rows: list[Row] = []
     if stages:
         rows += run_tiny_stages(device, args.cpu, stages)
-    rows += shaped_model_rows(device, args.cpu)
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    rows.append(("total wall time", f"{time.perf_counter() - started:.0f} s", "", ""))
-    text = print_table(rows, name)
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "smoke.md").write_text(text + "\n")
-        (args.out / "smoke.json").write_text(json.dumps([list(r) for r in rows], indent=1))
+        emit(rows)
+    rows += shaped_model_rows(device, args.cpu, emit)
+    print(emit(rows, final=True))
     with contextlib.suppress(Exception):
         torch.cuda.empty_cache()
     return 0
