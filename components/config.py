@@ -30,6 +30,7 @@ from components.grading.config import GradingConfig
 from components.models.config import ModelsConfig, SeedConfig
 from components.ops.config import OrchestrationConfig, StorageConfig, TrackingConfig
 from components.settings import StrictModel
+from components.structure.merge import MergeSemantics
 from components.training.config import (
     ParallelR1Config,
     PR1ColdStartConfig,
@@ -113,6 +114,11 @@ class PipelineConfig(StrictModel):
 
     profile: str
     schema_name: Literal["npr", "multiverse", "parallel_r1"] = "npr"
+    # What the tokens after a parallel block see of its branches (components.structure.merge): isolated
+    # (NPR's: the branches as generated, at shared positions) or reread (the merge re-reads the branches as
+    # sequential text, what a stock SGLang/vLLM server does). The parallel SFT, the RL trainer and every
+    # parallel decode follow it; docs/architecture.md, "Merge semantics".
+    merge_semantics: MergeSemantics = "isolated"
     run: RunConfig
     prompts: PromptConfig
     models: ModelsConfig
@@ -219,6 +225,29 @@ def _generation_lengths(cfg: PipelineConfig) -> dict[str, int]:
     return out
 
 
+def _merge_problems(cfg: PipelineConfig) -> list[str]:
+    """Under ``reread`` every parallel decode must re-read its merges (``merge_mode: reprefill``): a shared-KV
+    merge would sample the ``isolated`` policy the checkpoints were not trained to be."""
+    if cfg.merge_semantics != "reread":
+        return []
+    modes = {
+        f"{s}.merge_mode": getattr(cfg, s).merge_mode
+        for s in RL_STAGES
+        if getattr(cfg, s).engine_mode == "parallel"
+    }
+    if cfg.distill.generation.mode == "parallel":
+        modes["distill.generation.merge_mode"] = cfg.distill.generation.merge_mode
+    if cfg.evaluate.parallel_checkpoints or cfg.parallel_r1.mode == "parallel":
+        modes["evaluate.generation.merge_mode"] = cfg.evaluate.generation.merge_mode
+    wrong = sorted(k for k, mode in modes.items() if mode != "reprefill")
+    if not wrong:
+        return []
+    return [
+        f"merge_semantics 'reread' needs every parallel decode to re-read its merges: set {', '.join(wrong)} "
+        "to reprefill (shared_kv samples the isolated merge)"
+    ]
+
+
 def cross_field_problems(cfg: PipelineConfig) -> list[str]:
     """Rules that tie keys together, each problem naming its keys (empty when the config is consistent)."""
     problems = []
@@ -243,6 +272,7 @@ def cross_field_problems(cfg: PipelineConfig) -> list[str]:
         sc = getattr(cfg, stage)
         if sc.engine_mode == "parallel" and not sc.structural_filter:
             problems.append(f"{stage}.engine_mode 'parallel' needs {stage}.structural_filter: true")
+    problems += _merge_problems(cfg)
     # verl's own rules (GPU counts, batch splits, tensor parallelism) are checked by running verl's
     # validation on the job (components.training.verl.launch.validate_job), not re-implemented here
     return problems

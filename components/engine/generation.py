@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from components.structure.merge import MergeSemantics
+
 
 @dataclass
 class BlockRecord:
@@ -28,6 +30,18 @@ class BlockRecord:
     def saved_tokens(self) -> int:
         """Tokens a sequential decoder would spend on top of this block's critical path."""
         return sum(self.branch_tokens) - max(self.branch_tokens, default=0)
+
+
+# The merge semantics (components.structure.merge) each way of continuing after a block samples exactly:
+# the shared KV serves the branches as generated (isolated); a re-prefill reads them again as text (reread).
+EXACT_SEMANTICS: dict[str, MergeSemantics] = {"shared_kv": "isolated", "reprefill": "reread"}
+
+
+def exact_semantics(merge_mode: str) -> MergeSemantics:
+    """The merge semantics a ``merge_mode`` samples exactly (``ValueError`` for an unknown mode)."""
+    if merge_mode not in EXACT_SEMANTICS:
+        raise ValueError(f"unknown merge_mode {merge_mode!r}: choose one of {', '.join(EXACT_SEMANTICS)}")
+    return EXACT_SEMANTICS[merge_mode]
 
 
 @dataclass
@@ -93,6 +107,11 @@ class Generation:
         return [i >= end for i in range(len(self.token_ids))]
 
     @property
+    def merge_semantics(self) -> MergeSemantics:
+        """The merge semantics this response was sampled in exactly (``exact_semantics(merge_mode)``)."""
+        return exact_semantics(self.merge_mode)
+
+    @property
     def branches_per_block(self) -> list[int]:
         return [b.n_branches for b in self.blocks]
 
@@ -106,4 +125,5 @@ class Generation:
             "total_tokens": self.total_tokens,
             "critical_path_tokens": self.critical_path_tokens,
             "merge_mode": self.merge_mode,
+            "merge_semantics": self.merge_semantics,
         }

@@ -69,7 +69,9 @@ def train_warmup(
             f"no usable SFT example among {len(records)} accepted records: {data.summary()['rejected_by_reason']}"
             f" (details in {work / 'rejections.jsonl'})"
         )
-    settings = SFTSettings.from_stage_config(section, len(data.examples), cfg.run.autocast)
+    settings = SFTSettings.from_stage_config(
+        section, len(data.examples), cfg.run.autocast, cfg.merge_semantics
+    )
     tags = TagIds.from_tokenizer(tokenizer, schema_name) if section.mode == "parallel" else None
     source = EpochSource(data.examples, settings.examples_per_step, section.seed)
     result = train_sft_in_stage_run(

@@ -13,6 +13,16 @@ from components.structure.attention import (
     to_additive_mask,
 )
 from components.structure.errors import StructureError, TagTokenError
+from components.structure.merge import (
+    MERGE_SEMANTICS,
+    MergeLayout,
+    MergeSemantics,
+    RowLayout,
+    check_semantics,
+    lay_out,
+    lay_out_row,
+    merge_attention_inputs,
+)
 from components.structure.metrics import TraceMetrics, trace_metrics
 from components.structure.normalize import LayoutResult, normalize_layout, normalize_layout_result
 from components.structure.parse import STRUCTURAL_CODES, boxed_content, parse_ids, parse_label, parse_text
@@ -32,6 +42,14 @@ from components.structure.tokens import TagIds
 from components.structure.trace import Block, Segment, Span, Trace, Violation
 
 __all__ = [
+    "MERGE_SEMANTICS",
+    "MergeLayout",
+    "MergeSemantics",
+    "RowLayout",
+    "check_semantics",
+    "lay_out",
+    "lay_out_row",
+    "merge_attention_inputs",
     "MIN_SCORE",
     "MULTIVERSE",
     "NPR",

@@ -42,12 +42,15 @@ class ParallelSegments:
     block_ids:    long[B, D, L] block id at nesting depth d of the step a token lies in, else -1
     step_ids:     long[B, D, L] index of that step within its block, else -1
     lengths:      long[B]       real (unpadded) length of each row
+    hidden:       per row, ``(key_start, key_end, first_query)`` spans: keys no query from ``first_query``
+                  on may see (the originals a ``reread`` merge replaced by its copy; ``components.structure.merge``)
     """
 
     position_ids: torch.Tensor
     block_ids: torch.Tensor
     step_ids: torch.Tensor
     lengths: torch.Tensor
+    hidden: tuple[tuple[tuple[int, int, int], ...], ...] = ()
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -72,6 +75,8 @@ class ParallelSegments:
                     for k, (qs, qe) in enumerate(spans):
                         for ks, ke in spans[:k]:  # later step rows x earlier step columns
                             rows[qs:qe, ks:ke] = False
+            for ks, ke, qs in self.hidden[b] if self.hidden else ():
+                rows[qs:, ks:ke] = False
             pads = torch.arange(n, length)
             mask[b, 0, pads, pads] = True
         return mask

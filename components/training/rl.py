@@ -48,6 +48,7 @@ import numpy as np
 import torch
 
 from components.engine import GenerationConfig, generate
+from components.engine.generation import exact_semantics
 from components.grading.judge import judge_many, summarize
 from components.grading.rewards import score_many
 from components.parallel import TagIds, parse_text, trace_metrics
@@ -124,6 +125,8 @@ class RLTrainer:
         self.stage, self.cfg = stage, cfg
         self.sc = stage_cfg if stage_cfg is not None else getattr(cfg, stage)
         self.schema = schema or cfg.schema_name
+        # what post-merge tokens see in the trainer's forward (components.structure.merge)
+        self.merge = cfg.merge_semantics
         self.generation = dict(generation or {})
         self.model, self.tokenizer = model, tokenizer
         if not train_problems:
@@ -324,7 +327,7 @@ class RLTrainer:
             with torch.no_grad():
                 for k, micros in enumerate(micro_of):
                     for m, idx in enumerate(micros):
-                        batch = build_policy_batch([rollouts[i] for i in idx], self.pad_id, parallel_tags)
+                        batch = build_policy_batch([rollouts[i] for i in idx], self.pad_id, parallel_tags, self.merge)
                         with compute_autocast(self.cfg.run.autocast, device):
                             old_log_probs[k, m], _ = response_log_probs(
                                 self.model, batch.to(device), self.sc.temperature
@@ -345,7 +348,7 @@ class RLTrainer:
             self.optimizer.zero_grad(set_to_none=True)
             sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, entropy, clipfrac, kl
             for m, idx in enumerate(micros):
-                batch = build_policy_batch([rollouts[i] for i in idx], self.pad_id, parallel_tags).to(device)
+                batch = build_policy_batch([rollouts[i] for i in idx], self.pad_id, parallel_tags, self.merge).to(device)
                 with compute_autocast(self.cfg.run.autocast, device):  # the policy forward's compute dtype
                     log_prob, entropy = response_log_probs(
                         self.model, batch, self.sc.temperature, with_entropy=True
@@ -397,13 +400,20 @@ class RLTrainer:
         """PAPO's truncated importance weights on tokens sampled after a re-prefilled merge
         (``papo.post_merge_is_weights``), or None when no rollout of the micro-batch needs them.
 
-        Rollouts merged in the shared KV (the torch engine's default) are exact and never reweighted; the
-        mismatch metrics of the reweighted ones are summed into ``counters`` (means in the step metrics).
+        Rollouts merged in the shared KV under ``isolated`` semantics (the torch engine's default) are exact
+        and never reweighted. Re-prefilled rollouts always get the weights: under ``isolated`` they correct
+        the re-read context; under ``reread`` the trainer's forward is that context, so the weights are 1 up
+        to numerics and the metrics measure it. The mismatch metrics are summed into ``counters`` (means in
+        the step metrics).
         """
         rc = self.sc.rollout_correction
         if self.sc.algorithm != "papo" or not rc.post_merge_is or self.tags is None:
             return None
-        reprefilled = [r.extra.get("merge_mode") == "reprefill" for r in rollouts]
+        reprefilled = [
+            r.extra.get("merge_mode") == "reprefill"
+            or exact_semantics(r.extra.get("merge_mode", "shared_kv")) != self.merge
+            for r in rollouts
+        ]
         if not any(reprefilled):
             return None
         rollout_lp = torch.full_like(log_prob, float("nan"))

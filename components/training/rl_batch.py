@@ -5,9 +5,11 @@ Layout: each row is ``prompt + response`` right-padded to the batch's longest ro
 scorer (``components.training.token_logprobs``), never from a ``(bs, R, V)`` logits tensor.
 
 Sequential visibility (NPR-Zero, SR) uses a 2D padding mask and ordinary positions. Parallel visibility
-(PAPO) uses the canonical builder ``components.parallel.batch_parallel_attention_inputs``: one 4D bool mask
-``(bs, 1, L, L)`` with each row's own sibling-step blocking, and its position ids, so the whole batch goes
-through the model in a single forward (the public NPR actor loops over samples one by one).
+(PAPO) uses the canonical builder ``components.structure.lay_out`` under the trainer's merge semantics: one
+4D bool mask ``(bs, 1, L, L)`` with each row's own sibling-step blocking, and its position ids, so the whole
+batch goes through the model in a single forward (the public NPR actor loops over samples one by one).
+Under ``reread`` a row also holds loss-free re-read copies of branches 2..k after each merged block;
+``response_index`` skips them.
 """
 
 from __future__ import annotations
@@ -18,10 +20,11 @@ from typing import Any
 
 import torch
 
-from components.parallel import (
+from components.structure import (
+    MergeSemantics,
     StructureError,
     TagIds,
-    batch_parallel_attention_inputs,
+    lay_out,
     parallel_segments,
     prediction_sources,
     to_additive_mask,
@@ -114,8 +117,11 @@ def response_mask_of(rollouts: list[Rollout]) -> torch.Tensor:
     return mask
 
 
-def build_policy_batch(rollouts: list[Rollout], pad_id: int, tags: TagIds | None = None) -> PolicyBatch:
-    """Pad rollouts into a ``PolicyBatch``; with ``tags`` the attention is the parallel 4D mask.
+def build_policy_batch(
+    rollouts: list[Rollout], pad_id: int, tags: TagIds | None = None, merge: MergeSemantics = "isolated"
+) -> PolicyBatch:
+    """Pad rollouts into a ``PolicyBatch``; with ``tags`` the attention is the parallel 4D mask under the
+    merge semantics ``merge`` (``components.structure.merge``).
 
     Raises ValueError for an empty list or a rollout without response tokens, and StructureError (from the
     canonical builder) when ``tags`` is given and a response is malformed: filter first.
@@ -128,25 +134,30 @@ def build_policy_batch(rollouts: list[Rollout], pad_id: int, tags: TagIds | None
     starts = [len(r.prompt_ids) for r in rollouts]
     bs, length = len(seqs), max(len(s) for s in seqs)
     resp_len = max(len(r.response_ids) for r in rollouts)
+    response_mask = response_mask_of(rollouts)
+    if tags is not None:
+        laid = lay_out(seqs, tags, starts=starts, merge=merge, pad_id=pad_id)
+        response_index = torch.zeros(bs, resp_len, dtype=torch.long)
+        for b, (start, r) in enumerate(zip(starts, rollouts, strict=True)):
+            n = len(r.response_ids)
+            response_index[b, :n] = laid.index[b, start : start + n]
+            # padding columns point at the row's last real token; they are masked out of every loss
+            response_index[b, n:] = laid.index[b, start + n - 1]
+        return PolicyBatch(
+            laid.input_ids, laid.segments.dense_mask(), laid.position_ids, response_index, response_mask
+        )
 
     input_ids = torch.full((bs, length), pad_id, dtype=torch.long)
     for b, s in enumerate(seqs):
         input_ids[b, : len(s)] = torch.tensor(s, dtype=torch.long)
-    response_mask = response_mask_of(rollouts)
     response_index = torch.zeros(bs, resp_len, dtype=torch.long)
     for b, seq in enumerate(seqs):
         # padding columns point at the row's last real token; they are masked out of every loss
         response_index[b] = torch.clamp(torch.arange(resp_len) + starts[b], max=len(seq) - 1)
-
-    if tags is not None:
-        attention_mask, position_ids = batch_parallel_attention_inputs(
-            seqs, tags, starts=starts, pad_to=length
-        )
-    else:
-        attention_mask = torch.zeros(bs, length, dtype=torch.long)
-        for b, s in enumerate(seqs):
-            attention_mask[b, : len(s)] = 1
-        position_ids = torch.arange(length).unsqueeze(0).expand(bs, -1).clone()
+    attention_mask = torch.zeros(bs, length, dtype=torch.long)
+    for b, s in enumerate(seqs):
+        attention_mask[b, : len(s)] = 1
+    position_ids = torch.arange(length).unsqueeze(0).expand(bs, -1).clone()
     return PolicyBatch(input_ids, attention_mask, position_ids, response_index, response_mask)
 
 

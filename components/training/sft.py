@@ -44,6 +44,7 @@ from transformers import (
 
 from components.artifacts import write_json
 from components.progress import track
+from components.structure import MergeSemantics
 from components.training.batching import length_sorted_splits
 from components.training.checkpoint import TrainingState, latest_checkpoint, load_checkpoint, save_checkpoint
 from components.training.distributed import DistContext, shard_model
@@ -85,15 +86,19 @@ class SFTSettings:
     gradient_checkpointing: bool = False
     # run.autocast: the forward's compute dtype over fp32 weights (components.training.precision)
     autocast: str | None = None
+    # What post-merge tokens see of the branches in parallel mode (components.structure.merge)
+    merge: MergeSemantics = "isolated"
 
     @property
     def examples_per_step(self) -> int:
         return self.batch_size * self.grad_accum
 
     @classmethod
-    def from_stage_config(cls, cfg: Any, n_examples: int, autocast: str | None = None) -> SFTSettings:
+    def from_stage_config(
+        cls, cfg: Any, n_examples: int, autocast: str | None = None, merge: MergeSemantics = "isolated"
+    ) -> SFTSettings:
         """Settings of a ``parallel_warmup``/``sequential_warmup`` section for ``n_examples`` examples
-        (``autocast``: the run's ``run.autocast``).
+        (``autocast``: the run's ``run.autocast``; ``merge``: the pipeline's ``merge_semantics``).
 
         ``total_steps = max_steps`` when set, else ``ceil(epochs * n_examples / (batch_size * grad_accum))``;
         ``warmup_steps = round(warmup_ratio * total_steps)``.
@@ -119,6 +124,7 @@ class SFTSettings:
             length_splits=cfg.length_splits,
             gradient_checkpointing=cfg.gradient_checkpointing,
             autocast=autocast,
+            merge=merge,
         )
 
 
@@ -342,7 +348,7 @@ def _train_step(
         micro = length_sorted_splits(local, [len(e.input_ids) for e in local], n_micro)
     else:
         micro = [local[i : i + per_micro] for i in range(0, len(local), per_micro)]
-    batches = [collate(chunk, settings.mode, pad_id, tags) for chunk in micro]
+    batches = [collate(chunk, settings.mode, pad_id, tags, settings.merge) for chunk in micro]
     # Token-mean over the whole accumulated step (all ranks): each micro-batch's sum is divided by the
     # step's total. FSDP averages gradients over ranks, so the loss is scaled back up by the world size.
     n_total = int(ctx.all_sum(sum(b.n_loss_tokens for b in batches)))

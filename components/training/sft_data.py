@@ -26,6 +26,7 @@ import torch
 
 from components.parallel import prediction_sources
 from components.prompts import render_prompt
+from components.structure import MergeSemantics, lay_out
 
 Mode = Literal["parallel", "sequential"]
 END_OF_TURN = "<|im_end|>"
@@ -181,10 +182,16 @@ def parents_from_mask(mask: torch.Tensor) -> torch.Tensor:
     return prediction_sources(mask)
 
 
-def collate(examples: Sequence[SFTExample], mode: Mode, pad_id: int, tags: Any = None) -> SFTBatch:
-    """Right-pad ``examples`` into an ``SFTBatch`` (parallel mode builds the 4D bool mask and positions)."""
+def collate(
+    examples: Sequence[SFTExample], mode: Mode, pad_id: int, tags: Any = None, merge: MergeSemantics = "isolated"
+) -> SFTBatch:
+    """Right-pad ``examples`` into an ``SFTBatch`` (parallel mode builds the 4D bool mask and positions
+    under the merge semantics ``merge``; under ``reread`` the rows hold loss-free re-read copies, so a
+    row's laid-out length can exceed its example's)."""
     if not examples:
         raise ValueError("collate needs at least one example")
+    if mode == "parallel":
+        return _collate_parallel(examples, pad_id, tags, merge)
     length = max(len(e.input_ids) for e in examples)
     batch = len(examples)
     lengths = torch.tensor([len(e.input_ids) for e in examples], dtype=torch.long)
@@ -199,11 +206,26 @@ def collate(examples: Sequence[SFTExample], mode: Mode, pad_id: int, tags: Any =
             attention_mask[row, : len(example.input_ids)] = 1
         parents = causal_parents(length).expand(batch, length).clone()
         return SFTBatch(input_ids, attention_mask, None, parents, loss_mask, lengths)
+    raise ValueError(f"unknown collation mode {mode!r}")
+
+
+def _collate_parallel(
+    examples: Sequence[SFTExample], pad_id: int, tags: Any, merge: MergeSemantics
+) -> SFTBatch:
     if tags is None:
         raise ValueError("parallel collation needs the schema's TagIds")
-    from components.parallel import batch_parallel_attention_inputs
-
-    mask, position_ids = batch_parallel_attention_inputs(
-        [torch.tensor(e.input_ids) for e in examples], tags, starts=[e.n_prompt for e in examples]
+    laid = lay_out(
+        [torch.tensor(e.input_ids) for e in examples],
+        tags,
+        starts=[e.n_prompt for e in examples],
+        merge=merge,
+        pad_id=pad_id,
     )
-    return SFTBatch(input_ids, mask, position_ids, parents_from_mask(mask), loss_mask, lengths)
+    batch, length = laid.input_ids.shape
+    loss_mask = torch.zeros(batch, length, dtype=torch.bool)
+    for row, example in enumerate(examples):
+        # the response's own tokens, wherever the layout put them (never a re-read copy)
+        loss_mask[row, laid.index[row, example.n_prompt : len(example.input_ids)]] = True
+    lengths = laid.segments.lengths.clone()
+    mask = laid.segments.dense_mask()
+    return SFTBatch(laid.input_ids, mask, laid.position_ids, parents_from_mask(mask), loss_mask, lengths)

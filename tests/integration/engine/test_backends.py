@@ -6,7 +6,9 @@ protocol-faithful stand-in server (tests/support/sglang_standin.py) started as a
 of verl's agent-loop ``server_manager.generate``). Invariants: structure and canonical layout, canonical
 positions, branch-token log-probs equal to the trainer's teacher forcing under
 ``parallel_attention_inputs`` (<= 1e-4; every token for ``shared_kv``, and for ``reprefill`` the
-post-merge tokens equal a sequential re-read of the flat text), refusals with reasons, budgets. No
+post-merge tokens equal a sequential re-read of the flat text), every token equal to the trainer's teacher
+forcing under the merge semantics the backend samples exactly (``components.structure.merge``: ``isolated``
+for the shared-KV merge, ``reread`` for every re-prefilling backend), refusals with reasons, budgets. No
 repetition penalty inside steps here: SGLang returns the log-probs of the penalised distribution, the torch
 engine those of the model's own.
 
@@ -41,6 +43,7 @@ from components.structure import (
     StructureError,
     TagIds,
     get_schema,
+    merge_attention_inputs,
     parallel_attention_inputs,
     prediction_sources,
 )
@@ -259,6 +262,22 @@ def test_parallel_structure_positions_and_branch_logprobs(world, backend, case: 
             seq = _logp(model, g.prompt_ids + g.token_ids)
             seq_tf = seq[p - 1 : p - 1 + k].gather(-1, torch.tensor(g.token_ids)[:, None]).squeeze(-1)
             assert ((seq_tf - got).abs()[post & finite]).max().item() <= 1e-4
+        # the trainer under the semantics the backend samples exactly (shared_kv: isolated, every
+        # re-prefilling backend: reread) reproduces EVERY token's log-prob, post-merge ones included
+        assert g.merge_semantics == ("isolated" if g.merge_mode == "shared_kv" else "reread")
+        laid, laid_mask, laid_pos, index = merge_attention_inputs(ids, tags, p, g.merge_semantics)
+        laid_lp = _logp(model, laid.tolist(), laid_mask, laid_pos)
+        laid_src = prediction_sources(laid_mask)[index[p : p + k]]
+        laid_tf = laid_lp[laid_src].gather(-1, torch.tensor(g.token_ids)[:, None]).squeeze(-1)
+        assert ((laid_tf - got).abs()[finite]).max().item() <= 1e-4
+        if post.any():
+            # and the other semantics does not: the post-merge tokens are where the two differ
+            other = "reread" if g.merge_semantics == "isolated" else "isolated"
+            o_ids, o_mask, o_pos, o_index = merge_attention_inputs(ids, tags, p, other)
+            o_tf = _logp(model, o_ids.tolist(), o_mask, o_pos)[prediction_sources(o_mask)[o_index[p : p + k]]]
+            o_tf = o_tf.gather(-1, torch.tensor(g.token_ids)[:, None]).squeeze(-1)
+            assert ((o_tf - got).abs()[~post & finite]).max().item() <= 1e-4
+            assert ((o_tf - got).abs()[post & finite]).max().item() > 1e-3
         checked += 1
     # the random model writes a stray tag after the block in some samples (skipped above): under the
     # named-value test tokenizer 2 of 6 samples of the 3-plan case remain on some backends

@@ -42,3 +42,46 @@ def test_a_reprefill_papo_step_reports_exact_branches_and_corrects_post_merge_to
     # after it the engine read the branches as one sequential text: a real mismatch, then reweighted
     assert step["rollout_corr/post_merge_abs_logp_diff_mean"] > 1e-3
     assert 0 < step["rollout_corr/post_merge_is_weight_mean"] <= cfg.papo_rl.rollout_correction.is_threshold
+
+
+def test_under_reread_semantics_the_trainer_is_the_reprefilled_engine_and_the_correction_a_no_op(
+    warm_world, tmp_path
+):
+    """The same re-prefilled rollouts, trained under ``merge_semantics: reread``: the trainer's forward lays
+    out the re-read (components.structure.merge), so every token, post-merge ones included, has the
+    engine's log-prob and PAPO's weights are 1."""
+    model, tok = warm_world
+    cfg = load_config(
+        profile="tiny",
+        overrides=[
+            "merge_semantics=reread",
+            "papo_rl.merge_mode=reprefill",
+            "distill.generation.merge_mode=reprefill",
+            "evaluate.generation.merge_mode=reprefill",
+            "pr1_rl.merge_mode=reprefill",
+            "papo_rl.steps=1",
+            "papo_rl.prompts_per_step=8",
+            "papo_rl.group_size=4",
+            "papo_rl.max_new_tokens=160",
+            "papo_rl.eval_before_train=false",
+            "run.autocast=null",
+        ],
+    )
+    cfg.tracking.mode = "disabled"
+    ps = generate_problems(12, seed=21, weights={"easy": 1.0})
+    trainer = RLTrainer("papo_rl", cfg, model, tok, ps[:8], ps[8:], tmp_path)
+    step = trainer.train_step()
+    assert step["train/rollouts_trained"] > 0
+    assert step["rollout_corr/post_merge_token_frac"] > 0, "some trained rollouts merged a block"
+    assert step["rollout_corr/pre_merge_abs_logp_diff_max"] <= 1e-4
+    assert step["rollout_corr/post_merge_abs_logp_diff_mean"] <= 1e-5
+    assert step["rollout_corr/post_merge_abs_logp_diff_p99"] <= 1e-4
+    assert step["rollout_corr/post_merge_is_weight_mean"] == pytest.approx(1.0, abs=1e-4)
+    assert step["rollout_corr/post_merge_is_truncated_frac"] == 0.0
+
+
+def test_reread_semantics_refuses_a_shared_kv_decode():
+    from components.errors import UserError
+
+    with pytest.raises((UserError, ValueError), match="papo_rl.merge_mode"):
+        load_config(profile="tiny", overrides=["merge_semantics=reread"])
