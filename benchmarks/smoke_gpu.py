@@ -23,7 +23,6 @@ import collections
 import contextlib
 import gc
 import importlib.util
-import inspect
 import json
 import os
 import random
@@ -249,11 +248,10 @@ def exact_merge_rows(model, tok, tags, batch: int, new_tokens: int, micro: int =
     ``shared_kv`` (the torch engine's merge: the branches' own KV behind the parallel mask) must agree with
     the trainer's default (``isolated``) batch after the merge as well as before it; ``reprefill`` (the
     branches re-read as one sequential text, what a stock server does) disagrees with it after the merge,
-    and must agree with the trainer's ``reread`` semantics where ``build_policy_batch`` has them.
+    and must agree with the trainer's ``reread`` semantics (``components.structure.merge``).
     """
     from components.training.rl_batch import build_policy_batch, response_log_probs, structural_rejection
 
-    has_merge = "merge" in inspect.signature(build_policy_batch).parameters
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     rows: list[Row] = []
     for merge_mode, semantics in (("shared_kv", ("isolated",)), ("reprefill", ("isolated", "reread"))):
@@ -274,15 +272,11 @@ def exact_merge_rows(model, tok, tags, batch: int, new_tokens: int, micro: int =
         post_tokens = sum(sum(g.post_merge_mask) for g in gens)
         for semantic in semantics:
             what = f"exact merge: engine {merge_mode} vs trainer {semantic}, post-merge abs Δlogp"
-            if semantic != "isolated" and not has_merge:
-                rows.append((what, "not available", "", "build_policy_batch takes no `merge` argument here"))
-                continue
-            kwargs = {"merge": semantic} if has_merge else {}
             post, pre = [], []
             with torch.no_grad():
                 for i in range(0, len(rollouts), micro):
                     part = rollouts[i : i + micro]
-                    lp, _ = response_log_probs(model, build_policy_batch(part, pad, tags, **kwargs))
+                    lp, _ = response_log_probs(model, build_policy_batch(part, pad, tags, semantic))
                     for b, g in enumerate(gens[i : i + micro]):
                         n = len(g.token_ids)
                         diff = (lp[b, :n].float().cpu() - torch.tensor(g.logprobs, dtype=torch.float32)).abs()
@@ -353,7 +347,7 @@ def _verl_importable() -> bool:
     return importlib.util.find_spec("verl") is not None
 
 
-def _papo_update_without_verl(model, rollouts, pad_id, tags, sc) -> tuple[dict[str, float], str]:
+def _papo_update_without_verl(model, rollouts, pad_id, tags, cfg) -> tuple[dict[str, float], str]:
     """One PAPO-shaped update from the RL trainer's own parts, for a machine without verl (the GPU node).
 
     The batch (``build_policy_batch``, parallel mask), the log-probs (``response_log_probs``, chunked
@@ -365,6 +359,7 @@ def _papo_update_without_verl(model, rollouts, pad_id, tags, sc) -> tuple[dict[s
     from components.training.precision import build_adamw, stepped_parameters
     from components.training.rl_batch import build_policy_batch, response_log_probs
 
+    sc = cfg.papo_rl
     optimizer = build_adamw(model, lr=sc.lr, betas=tuple(sc.adam_betas), weight_decay=sc.weight_decay)
     rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float32)
     advantages = (rewards - rewards.mean()) / (rewards.std() + 1e-6)
@@ -372,7 +367,7 @@ def _papo_update_without_verl(model, rollouts, pad_id, tags, sc) -> tuple[dict[s
     optimizer.zero_grad(set_to_none=True)
     total = 0.0
     for r, a in zip(rollouts, advantages, strict=True):
-        batch = build_policy_batch([r], pad_id, tags).to(next(model.parameters()).device)
+        batch = build_policy_batch([r], pad_id, tags, cfg.merge_semantics).to(next(model.parameters()).device)
         log_prob, _ = response_log_probs(model, batch, sc.temperature, with_entropy=True)
         ratio = torch.exp(log_prob - log_prob.detach())
         loss = -(a.to(log_prob.device) * ratio * batch.response_mask).sum() / n_tokens
@@ -464,7 +459,7 @@ def training_rows(model, tok, tags, shape_name: str, seq_len: int, device: torch
     else:
         with measure(device) as reading:
             start = time.perf_counter()
-            stats, opt_name = _papo_update_without_verl(model, rollouts, tok.pad_token_id, tags, cfg.papo_rl)
+            stats, opt_name = _papo_update_without_verl(model, rollouts, tok.pad_token_id, tags, cfg)
             if device.type == "cuda":
                 torch.cuda.synchronize()
             wall = time.perf_counter() - start
