@@ -510,7 +510,11 @@ def shaped_model_rows(device: torch.device, cpu: bool, emit=lambda rows: None) -
     if device.type == "cuda":
         torch.cuda.empty_cache()
     model.train()
-    rows += training_rows(model, tok, tags, name, sizes["seq"], device)
+    try:
+        rows += training_rows(model, tok, tags, name, sizes["seq"], device)
+    except torch.OutOfMemoryError as err:  # the table so far still prints, with the planner's view of it
+        rows.append((f"SFT step / PAPO update ({name}, {sizes['seq']} tokens)", "out of memory", "",
+                     str(err).splitlines()[0][:300]))  # fmt: skip
     return rows
 
 
