@@ -1,19 +1,44 @@
 """Device smoke test: one script, one GPU, no network, prints one table (docs/results.md keeps it).
 
-    python benchmarks/smoke_gpu.py            # on a CUDA GPU (about 5 minutes on an H200)
-    python benchmarks/smoke_gpu.py --cpu      # the same code on CPU, small shapes (20-40 min on 2 cores)
-    python benchmarks/smoke_gpu.py --cpu --stages sample_orz   # what the test runs (about a minute)
+On the GPU node (the device tool's nvidia-h100-x1 / nvidia-h200: Python 3.12, torch, triton, transformers,
+tokenizers, safetensors, accelerate; no network, 64 MiB carried per call), from the checkout's root:
 
-Uses only the installed torch/transformers and this repository. Two parts:
+    python benchmarks/smoke_gpu_wheels.py     # here, once: the wheels the node lacks -> .smoke-wheels/ (2.7 MiB)
+    bash benchmarks/smoke_gpu.sh              # there (carry .smoke-wheels): installs them offline, runs this
+                                              # script, writes $OUT/smoke.md and $OUT/smoke.json
+    python benchmarks/smoke_gpu.py --cpu      # the same code on CPU, small shapes (about 10 s on 2 cores)
 
-1. **The tiny profile's stages on the device**, a few steps each, through the stage runner in a scratch
-   workspace: sample_orz, seed, npr_zero, distill, reject_filter, parallel_warmup, papo_rl, evaluate.
-   (If the briefly trained seed has no accepted trajectory, the warmup trains on the synthetic task
-   family's own parallel solutions; the table says so.)
-2. **A Qwen3-4B-shaped random-init model** (``--cpu``: a small Qwen3 of the same proportions): decoding
-   tokens/s, parallel vs sequential, at 4k new tokens through ``components.engine``; one parallel-mask SFT
-   step and one PAPO update, each with its peak memory next to the planner's estimate
-   (``components.training.memory``).
+It runs what a GPU alone can show, on a random-init model of Qwen3-4B's shape in bf16 (``--cpu``: a small
+Qwen3 of the same proportions in fp32), through the project's own code:
+
+- **Exact merge.** Parallel responses from the torch engine (``components.engine``, a forced
+  ``<guideline>`` of three plans: the engine forks at ``</guideline>`` and merges at ``<takeaway>``); the
+  log-probs it recorded against the trainer's teacher forcing (``rl_batch.build_policy_batch`` +
+  ``response_log_probs``): mean, p99 and max of the absolute difference over the post-merge tokens
+  (``Generation.post_merge_mask``), the pre-merge ones in the note. Three rows: merge_mode ``shared_kv``
+  against the trainer's ``isolated`` semantics (exact), ``reprefill`` against ``isolated`` (off after the
+  merge: the contrast) and ``reprefill`` against ``reread`` (exact). The random model never closes its
+  ``<takeaway>``; a closing tag is appended after the last compared token (causal: it changes none).
+- **Decode speed**, sequential and parallel through the engine, at batch 1 (1024 new tokens) and batch 64
+  (512), with the parallel/sequential tokens/s ratio.
+- **One parallel-mask SFT step** (``sft._train_step``, ``build_optimizer``: ``MasterWeightAdamW``, fp32
+  masters under bf16 weights) and **one PAPO update** on two 4096-token parallel rollouts, each with its
+  measured peak (``memory_probe``) beside the planner's estimate (``components.training.memory``). The
+  update is ``RLTrainer._update`` where verl is installed; the node has no verl (it needs Ray), so there
+  it is the trainer's own parts (batch, log-probs, ``build_adamw``, one micro-batch per rollout, clipping)
+  with the on-policy token-mean surrogate ``-A * exp(logp - sg(logp))`` for verl's PAPO loss; the row says
+  which.
+
+Sized for well under 8 minutes on an H100 (an estimate until a GPU run measures it: about 3 minutes if
+the engine's per-step Python loop decodes a random-init 4B at 20-40 steps/s; the planner puts the
+training rows at 70.6 GiB of the H100's 79). The table is rewritten to --out after each part, so a run
+cut short keeps what it measured; the last row is the total wall time.
+
+Part 1, ``--stages sample_orz,seed,...`` (a prefix of the tiny chain, default none), runs the tiny
+profile's stages a few steps each through the stage runner in a scratch workspace. It needs the
+project's whole environment (W&B for every stage's run, Great Expectations for sample_orz and
+reject_filter, verl for npr_zero and papo_rl), which the node does not have, and what it shows beyond
+part 2 is pipeline plumbing the CPU tests cover; so the node command leaves it out.
 """
 
 from __future__ import annotations
