@@ -6,7 +6,8 @@ tokenizers, safetensors, accelerate; no network, 64 MiB carried per call), from 
     python benchmarks/smoke_gpu_wheels.py     # here, once: the wheels the node lacks -> .smoke-wheels/ (2.7 MiB)
     bash benchmarks/smoke_gpu.sh              # there (carry .smoke-wheels): installs them offline, runs this
                                               # script, writes $OUT/smoke.md and $OUT/smoke.json
-    python benchmarks/smoke_gpu.py --cpu      # the same code on CPU, small shapes (about 10 s on 2 cores)
+    python benchmarks/smoke_gpu.py --cpu      # the same code on CPU, small shapes (about 10 s on 2 cores);
+                                              # --dtype bfloat16 for the bf16 path (fp32 masters) there too
 
 It runs what a GPU alone can show, on a random-init model of Qwen3-4B's shape in bf16 (``--cpu``: a small
 Qwen3 of the same proportions in fp32), through the project's own code:
@@ -368,6 +369,12 @@ def parallel_example(tok, tags, length: int, filler_text: str = " 1"):
     return SFTExample(tuple(ids), len(prompt), 0)
 
 
+def _optimizer_text(optimizer, model) -> str:
+    from components.training.precision import uses_master_weights
+
+    return f"{type(optimizer).__name__} ({'fp32 masters' if uses_master_weights(model) else 'no masters'})"
+
+
 def _verl_importable() -> bool:
     return importlib.util.find_spec("verl") is not None
 
@@ -400,7 +407,9 @@ def _papo_update_without_verl(model, rollouts, pad_id, tags, cfg) -> tuple[dict[
         total += float(loss.detach())
     grad_norm = torch.nn.utils.clip_grad_norm_(stepped_parameters(model, optimizer), sc.grad_clip)
     optimizer.step()
-    name = type(optimizer).__name__
+    name = _optimizer_text(optimizer, model)
+    if hasattr(optimizer, "remove_hooks"):
+        optimizer.remove_hooks()
     del optimizer
     return {"actor/pg_loss": total, "actor/grad_norm": float(grad_norm)}, name
 
@@ -408,7 +417,6 @@ def _papo_update_without_verl(model, rollouts, pad_id, tags, cfg) -> tuple[dict[
 def training_rows(model, tok, tags, shape_name: str, seq_len: int, device: torch.device) -> list[Row]:
     from components.training import memory
     from components.training.memory_probe import measure
-    from components.training.precision import uses_master_weights
     from components.training.rl_batch import Rollout
     from components.training.sft import SFTSettings, _train_step, build_optimizer, build_scheduler
 
@@ -434,7 +442,7 @@ def training_rows(model, tok, tags, shape_name: str, seq_len: int, device: torch
         if device.type == "cuda":
             torch.cuda.synchronize()
         wall = time.perf_counter() - start
-    masters = f"{type(optimizer).__name__} ({'fp32 masters' if uses_master_weights(model) else 'no masters'})"
+    masters = _optimizer_text(optimizer, model)
     plan = memory.training_state_terms(shape, w) + memory.training_activation_terms(
         shape, memory.ForwardShape(1, len(example.input_ids), True), w, True, "parallel_warmup"
     )
@@ -477,7 +485,7 @@ def training_rows(model, tok, tags, shape_name: str, seq_len: int, device: torch
             if device.type == "cuda":
                 torch.cuda.synchronize()
             wall = time.perf_counter() - start
-        how = f"RLTrainer._update with verl's PAPO loss; {type(trainer.optimizer).__name__}"
+        how = f"RLTrainer._update with verl's PAPO loss; {_optimizer_text(trainer.optimizer, model)}"
         if hasattr(trainer.optimizer, "remove_hooks"):
             trainer.optimizer.remove_hooks()
         del trainer
@@ -509,14 +517,14 @@ GPU_SIZES = dict(merge=(8, 512), decode=((1, 1024), (64, 512)), seq=4096)
 CPU_SIZES = dict(merge=(4, 96), decode=((1, 256), (64, 128)), seq=512)
 
 
-def shaped_model_rows(device: torch.device, cpu: bool, emit=lambda rows: None) -> list[Row]:
+def shaped_model_rows(device: torch.device, cpu: bool, emit=lambda rows: None, dtype: str | None = None) -> list[Row]:
     from components.models.tags import add_tag_tokens
     from components.models.tiny import tiny_test_world
     from components.parallel import TagIds
 
     shape = SMALL if cpu else QWEN3_4B
     name = "Qwen3-4B shape" if not cpu else "small Qwen3"
-    dtype = torch.float32 if cpu else torch.bfloat16
+    dtype = getattr(torch, dtype or ("float32" if cpu else "bfloat16"))
     sizes = CPU_SIZES if cpu else GPU_SIZES
     _, tok = tiny_test_world(seed=0)  # a tokenizer with the NPR tags; the model's vocabulary is larger
     model = build_model(shape, device, dtype)
@@ -552,6 +560,11 @@ def table_text(rows: list[Row], device: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cpu", action="store_true", help="run on CPU with small shapes")
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        help="the shaped model's weights (default bfloat16 on a GPU, float32 with --cpu)",
+    )
     parser.add_argument("--out", type=Path, help="also write the table (markdown) and rows (json) here")
     parser.add_argument(
         "--stages",
@@ -594,7 +607,7 @@ def main(argv: list[str] | None = None) -> int:
     if stages:
         rows += run_tiny_stages(device, args.cpu, stages)
         emit(rows)
-    rows += shaped_model_rows(device, args.cpu, emit)
+    rows += shaped_model_rows(device, args.cpu, emit, args.dtype)
     print(emit(rows, final=True))
     with contextlib.suppress(Exception):
         torch.cuda.empty_cache()

@@ -133,6 +133,18 @@ def test_the_node_command_runs_the_smoke_on_cpu_in_a_node_like_environment(tmp_p
         assert 0.5 <= _field(row, "measured/planned") <= 1.5, row  # the planner's estimate is the peak's size
     assert "verl absent" in get("PAPO update")
     assert "total wall time" in rows
+    # the GPU's dtype on CPU: bf16 weights train through fp32 masters, and the merge is as exact as bf16 is
+    env["OUT"] = str(tmp_path / "bf16")
+    proc = _run(["bash", "benchmarks/smoke_gpu.sh", "--cpu", "--dtype", "bfloat16"], timeout=900, cwd=ROOT, env=env)
+    assert proc.returncode == 0, what + "\n" + proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = _table(tmp_path / "bf16" / "smoke.md")
+    for key in ("parallel-mask SFT step", "PAPO update"):
+        assert "bfloat16" in get(key) and "MasterWeightAdamW (fp32 masters)" in get(key), get(key)
+    shared = get("exact merge: engine shared_kv vs trainer isolated")
+    reprefill = get("exact merge: engine reprefill vs trainer isolated")
+    reread = get("exact merge: engine reprefill vs trainer reread")
+    assert _field(shared, "p99") < 1e-2 and _field(reread, "p99") < 1e-2, (shared, reread)
+    assert _field(reprefill, "mean") > 10 * _field(shared, "mean"), (shared, reprefill)
 
 
 def test_part_one_runs_the_first_stages_through_the_stage_runner(tmp_path):
