@@ -16,6 +16,7 @@ project's whole environment, in this one.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import importlib.util
 import os
@@ -69,27 +70,40 @@ def _node_like_venv() -> tuple[Path, Path, str]:
     key = hashlib.sha256("\n".join(content).encode()).hexdigest()[:16]
     venv = CACHE / f"py{version}-{key}"
     vpy, bundle = venv / "bin" / "python", venv / "smoke-wheels"
-    if not (venv / ".complete").exists():
-        shutil.rmtree(venv, ignore_errors=True)
-        venv.parent.mkdir(parents=True, exist_ok=True)
-        made = _run([str(python), "-m", "venv", str(venv)])
-        assert made.returncode == 0, made.stderr[-2000:]
-        pip = [str(vpy), "-m", "pip", "--disable-pip-version-check"]
-        installed = _run([*pip, "install", "-q", str(torch_wheel), *NODE])
-        if installed.returncode != 0:
-            shutil.rmtree(venv, ignore_errors=True)
-            pytest.skip(f"the node's packages could not be installed (registry unreachable?): {installed.stderr[-600:]}")
-        # what the node lacks must come from the bundle alone (transformers' typer pulls pydantic in here)
-        removed = _run([*pip, "uninstall", "-y", *wheels.ABSENT_ON_NODE])
-        assert removed.returncode == 0, removed.stderr[-2000:]
-        built = _run([sys.executable, str(ROOT / "benchmarks" / "smoke_gpu_wheels.py"), "--python-version", version,
-                      "--dest", str(bundle)])  # fmt: skip
-        if built.returncode == 2:
-            shutil.rmtree(venv, ignore_errors=True)
-            pytest.skip(f"the wheel bundle could not be downloaded: {built.stderr[-600:]}")
-        assert built.returncode == 0, built.stdout + built.stderr
-        (venv / ".complete").write_text("\n".join(content) + "\n")
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with (CACHE / f"py{version}-{key}.lock").open("w") as lock:  # one builder at a time per environment
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (venv / ".complete").exists():
+            try:
+                _build(venv, python, torch_wheel, version, content, wheels)
+            except subprocess.TimeoutExpired as err:  # a registry that does not answer
+                shutil.rmtree(venv, ignore_errors=True)
+                pytest.skip(f"building the node-like environment timed out: {err.cmd[:6]}")
     return vpy, bundle, f"python {version}, {torch_wheel.name}"
+
+
+def _build(venv: Path, python: Path, torch_wheel: Path, version: str, content: list[str], wheels) -> None:
+    """The node's packages into a fresh venv, less what the node lacks; the bundle for its interpreter."""
+    vpy, bundle = venv / "bin" / "python", venv / "smoke-wheels"
+    shutil.rmtree(venv, ignore_errors=True)
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    made = _run([str(python), "-m", "venv", str(venv)])
+    assert made.returncode == 0, made.stderr[-2000:]
+    pip = [str(vpy), "-m", "pip", "--disable-pip-version-check"]
+    installed = _run([*pip, "install", "-q", str(torch_wheel), *NODE])
+    if installed.returncode != 0:
+        shutil.rmtree(venv, ignore_errors=True)
+        pytest.skip(f"the node's packages could not be installed (registry unreachable?): {installed.stderr[-600:]}")
+    # what the node lacks must come from the bundle alone (transformers' typer pulls pydantic in here)
+    removed = _run([*pip, "uninstall", "-y", *wheels.ABSENT_ON_NODE])
+    assert removed.returncode == 0, removed.stderr[-2000:]
+    built = _run([sys.executable, str(ROOT / "benchmarks" / "smoke_gpu_wheels.py"), "--python-version", version,
+                  "--dest", str(bundle)])  # fmt: skip
+    if built.returncode == 2:
+        shutil.rmtree(venv, ignore_errors=True)
+        pytest.skip(f"the wheel bundle could not be downloaded: {built.stderr[-600:]}")
+    assert built.returncode == 0, built.stdout + built.stderr
+    (venv / ".complete").write_text("\n".join(content) + "\n")
 
 
 def _table(path: Path) -> dict[str, str]:
