@@ -35,9 +35,9 @@ from typing import Any
 
 import torch
 
+from components.ops.launch import ISOLATED_MERGE_ENV as ENV_FLAG
 from components.structure import Role, StructureError, TagIds, get_schema, parallel_attention_inputs
 
-ENV_FLAG = "NPR_SGLANG_ISOLATED_MERGE"
 PARAM = "npr_isolated"  # key in sampling_params.custom_params: {"response_start", "schema", "tags"}
 KEY_PREFIX = "npr-isolated"
 

@@ -21,8 +21,9 @@ When on, it registers three hooks (SGLang's ``HookRegistry``):
   ``skip_prefix_custom_mask=False`` for that batch.
 
 The server needs ``--attention-backend triton --page-size 1 --disable-piecewise-cuda-graph`` and no
-speculative decoding (``components.ops.launch`` adds the flags when ``generation.sglang_isolated_merge`` is
-on). EXPERIMENTAL until a GPU run shows its tokens and log-probs equal the torch engine's ``shared_kv``.
+speculative decoding (``components.ops.launch.with_isolated_merge`` adds them and the environment flag
+to a launched server's spec when ``generation.sglang_isolated_merge`` is on). EXPERIMENTAL until a GPU run
+shows its tokens and log-probs equal the torch engine's ``shared_kv`` merge.
 """
 
 from __future__ import annotations
@@ -42,7 +43,6 @@ METADATA_ATTR = "_npr_isolated"  # set on the triton backend's ForwardMetadata i
 MATCH_PREFIX = "sglang.srt.mem_cache.radix_cache.RadixCache.match_prefix"
 INIT_NEW = "sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new"
 INIT_METADATA = "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.init_forward_metadata"
-SERVER_FLAGS = ("--attention-backend", "triton", "--page-size", "1", "--disable-piecewise-cuda-graph")
 
 
 def around_match_prefix(original: Any, cache: Any, params: Any) -> Any:

@@ -148,9 +148,12 @@ def test_what_the_plugins_hooks_read_and_write_exists(sglang_source):
 
 
 def test_the_server_flags_the_plugin_needs_exist(sglang_source):
-    from components.engine.backends import sglang_plugin as plugin
+    from components.ops.launch import ISOLATED_MERGE_SPEC, sglang_server_command, with_isolated_merge
 
+    argv = sglang_server_command(with_isolated_merge({"model_path": "m", "port": 1, "tp_size": 1}))
+    flags = [a for a in argv if a.startswith("--")]
+    assert len(flags) == 3 + 3  # model path, port, tp size and the plugin's three
     args = _read(sglang_source, "server_args.py")
-    for flag in (f for f in plugin.SERVER_FLAGS if f.startswith("--")):
+    for flag in flags:
         assert f'"{flag}"' in args, flag
-    assert '"triton"' in args
+    assert ISOLATED_MERGE_SPEC["attention_backend"] == "triton" and '"triton"' in args
