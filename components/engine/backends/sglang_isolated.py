@@ -55,6 +55,9 @@ _CLOSERS: tuple[tuple[Role, ...], ...] = (
 )
 
 
+_ROWS = 1024  # mask rows scanned at once for the radix cut table
+
+
 def enabled(environ: Mapping[str, str] | None = None) -> bool:
     """The plugin acts only when ``NPR_SGLANG_ISOLATED_MERGE=1`` in the server's environment."""
     return (os.environ if environ is None else environ).get(ENV_FLAG) == "1"
@@ -178,13 +181,18 @@ def canonical_inputs(ids: Sequence[int], tags: TagIds, start: int) -> CanonicalI
     length = len(ids)
     mask, positions = parallel_attention_inputs(list(ids) + suffix, tags, start)
     mask, positions = mask[:length, :length], positions[:length].clone()
-    # hidden[r, c] for c < r: the rows from which a matched prefix of length p (c < p <= r) is unusable
-    hidden = ~mask
-    hidden.tril_(-1)
-    has_hidden = hidden.any(dim=1)
-    first_col = hidden.to(torch.uint8).argmax(dim=1)
-    first_hidden_col = torch.where(has_hidden, first_col, torch.full_like(first_col, length))
-    del hidden
+    # a hidden pair (row r, column c < r) makes every matched prefix length p with c < p <= r unusable;
+    # per row, the first hidden column (``length`` if none), a block of rows at a time (no L x L temporaries)
+    has_hidden = torch.zeros(length, dtype=torch.bool)
+    first_hidden_col = torch.full((length,), length, dtype=torch.long)
+    cols = torch.arange(length)
+    for r0 in range(0, length, _ROWS):
+        rows = slice(r0, min(r0 + _ROWS, length))
+        hidden = ~mask[rows] & (cols[None, :] < cols[rows, None])
+        has_hidden[rows] = hidden.any(dim=1)
+        first = hidden.to(torch.uint8).argmax(dim=1)
+        first_hidden_col[rows] = torch.where(has_hidden[rows], first, first_hidden_col[rows])
+    del mask
     # p is usable iff no row r >= p hides a column c < p: suffix-min over rows of the first hidden column
     suffix_min = torch.flip(torch.cummin(torch.flip(first_hidden_col, [0]), 0).values, [0])
     cut_table = torch.ones(length + 1, dtype=torch.bool)

@@ -45,7 +45,8 @@ INIT_NEW = "sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new"
 INIT_METADATA = "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.init_forward_metadata"
 
 
-def around_match_prefix(original: Any, cache: Any, params: Any) -> Any:
+def around_match_prefix(original: Any, cache: Any, *args: Any, **kwargs: Any) -> Any:
+    params = kwargs.pop("params") if "params" in kwargs else args[0]
     req = getattr(params, "req", None)
     marked = _marked(req)
     if marked is None:
@@ -73,8 +74,9 @@ def around_match_prefix(original: Any, cache: Any, params: Any) -> Any:
     return original(cache, dataclasses.replace(params, key=key[:cut]))
 
 
-def after_init_new(forward_batch: Any, cls: Any, batch: Any, model_runner: Any) -> None:
-    inputs = [getattr(req, REQ_ATTR, None) for req in batch.reqs]
+def after_init_new(forward_batch: Any, cls: Any, *args: Any, **kwargs: Any) -> None:
+    batch = kwargs["batch"] if "batch" in kwargs else args[0]
+    inputs = [getattr(req, REQ_ATTR, None) for req in batch.reqs or ()]
     if all(i is None for i in inputs):
         return
     mode = forward_batch.forward_mode
@@ -89,7 +91,8 @@ def after_init_new(forward_batch: Any, cls: Any, batch: Any, model_runner: Any) 
             setattr(forward_batch, BATCH_ATTR, iso.batch_custom_mask(rows, positions.device))
 
 
-def after_init_forward_metadata(result: Any, backend: Any, forward_batch: Any) -> None:
+def after_init_forward_metadata(result: Any, backend: Any, *args: Any, **kwargs: Any) -> None:
+    forward_batch = kwargs["forward_batch"] if "forward_batch" in kwargs else args[0]
     stash = getattr(forward_batch, BATCH_ATTR, None)
     if stash is None or forward_batch.forward_mode.name not in ("EXTEND", "MIXED"):
         return

@@ -406,3 +406,17 @@ def test_init_forward_metadata_installs_the_mask_and_unskips_the_prefix():
     plugin.after_init_forward_metadata(None, backend, SimpleNamespace(forward_mode=_Mode("EXTEND")))
     backend.extend_attention_fwd("q")
     assert calls == [False, "default"]
+
+
+def test_the_cut_table_does_not_depend_on_the_row_block_size(monkeypatch):
+    ids = trace([[1, 4, 2], [5, 1], [2, 2, 2, 2]])
+    length = merge_points(ids)[2]
+    whole = iso.canonical_inputs(ids[:length], TAGS, len(PROMPT))
+    monkeypatch.setattr(iso, "_ROWS", 3)
+    blocks = iso.canonical_inputs(ids[:length], TAGS, len(PROMPT))
+    assert torch.equal(whole.cut_table, blocks.cut_table)
+    assert torch.equal(whole.masked_rows, blocks.masked_rows)
+    # and the table against its definition: p is usable iff mask[p:, :p] is all True
+    mask, _ = parallel_attention_inputs(ids[:length] + [KC], TAGS, len(PROMPT))
+    mask = mask[:length, :length]
+    assert whole.cut_table.tolist() == [bool(mask[p:, :p].all()) for p in range(length + 1)]
