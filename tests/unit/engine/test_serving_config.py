@@ -112,3 +112,33 @@ def test_the_client_marks_isolated_requests_with_their_sample_response_start() -
     assert marked["sampling_params"]["temperature"] == 1.0
     plain = payloads(SGLangClient("http://x"), route=1)
     assert "extra_key" not in plain and "custom_params" not in plain["sampling_params"]
+
+
+def test_generate_sglang_gives_each_sample_its_prompt_length_as_response_start(monkeypatch) -> None:
+    from components.engine.async_driver import controllers_for
+    from components.engine.backends import sglang_client
+    from components.models.tiny import tiny_test_world
+    from components.structure import TagIds
+
+    _, tok = tiny_test_world(seed=0)
+    tags = TagIds.from_tokenizer(tok, "npr")
+    prompts = ["add 2 and 3", "a longer prompt with more words in it <step> 1: x </step>"]
+    seen = []
+
+    async def fake_generate_async(tokenizer, prompts, cfg, tags, client, *rest):
+        seen.append(client.isolated)
+        return []
+
+    monkeypatch.setattr(sglang_client, "generate_async", fake_generate_async)
+    gen = GenerationConfig(
+        mode="parallel", backend="sglang", merge_mode="reprefill", sglang_isolated_merge=True
+    )
+    sglang_client.generate_sglang(tok, prompts, gen, tags)
+    starts, sent_tags = seen[-1]
+    assert sent_tags == tags
+    assert starts == [len(c.prompt_ids) for c in controllers_for(tok, prompts, gen, tags)]
+    assert starts[0] < starts[1]
+    sglang_client.generate_sglang(tok, prompts, gen.model_copy(update={"mode": "sequential"}), tags)
+    assert seen[-1] is None  # sequential decoding never forks: requests go out unmarked
+    with pytest.raises(ValueError, match="TagIds"):
+        sglang_client.generate_sglang(tok, prompts, gen, None)
