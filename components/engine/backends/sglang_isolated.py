@@ -40,6 +40,7 @@ from components.structure import Role, StructureError, TagIds, get_schema, paral
 
 PARAM = "npr_isolated"  # key in sampling_params.custom_params: {"response_start", "schema", "tags"}
 KEY_PREFIX = "npr-isolated"
+MALFORMED = "|malformed"  # appended to the namespace of a request whose tags cannot be parsed
 
 # Closers tried in order on a request's tokens until the strict parse accepts them: nothing (closed or no
 # response), an open takeaway, an open step, after </guideline> or a closed step, inside the guideline, in
@@ -66,8 +67,11 @@ def enabled(environ: Mapping[str, str] | None = None) -> bool:
 def namespace_key(response_start: int, extra_key: str | None = None) -> str:
     """The radix ``extra_key`` of an isolated request: its KV is shared only with requests of this key."""
     base = f"{KEY_PREFIX}:{int(response_start)}"
-    if extra_key is None or extra_key == base or extra_key.startswith(base + "|"):
-        return extra_key or base
+    if extra_key is None:
+        return base
+    extra_key = extra_key.removesuffix(MALFORMED)
+    if extra_key == base or extra_key.startswith(base + "|"):
+        return extra_key
     return f"{base}|{extra_key}"
 
 

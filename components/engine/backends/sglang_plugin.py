@@ -52,18 +52,19 @@ def around_match_prefix(original: Any, cache: Any, *args: Any, **kwargs: Any) ->
     if marked is None:
         return original(cache, params)
     start, tags = marked
-    key = params.key
+    inputs = iso.canonical_inputs(list(req.origin_input_ids) + list(req.output_ids), tags, start)
+    setattr(req, REQ_ATTR, inputs)
     namespace = iso.namespace_key(start, req.extra_key)
+    if inputs is None:  # served as a stock request, in a namespace of its own: its KV is not canonical
+        logger.warning(
+            "npr isolated merge: request %s has malformed tags; served as a stock request", req.rid
+        )
+        namespace += iso.MALFORMED
+    key = params.key
     if req.extra_key != namespace or key.extra_key != namespace:
         req.extra_key = namespace
         key = type(key)(list(key.token_ids), namespace)
         params = dataclasses.replace(params, key=key)
-    inputs = iso.canonical_inputs(list(req.origin_input_ids) + list(req.output_ids), tags, start)
-    setattr(req, REQ_ATTR, inputs)
-    if inputs is None:
-        logger.warning(
-            "npr isolated merge: request %s has malformed tags; served as a stock request", req.rid
-        )
     result = original(cache, params)
     if inputs is None:
         return result

@@ -314,6 +314,19 @@ def test_match_prefix_cuts_a_merge_to_the_fork_point():
     assert inputs.length == length and inputs.suffix == (KC,)
 
 
+def test_a_malformed_request_is_served_stock_outside_the_namespace():
+    ids = list(PROMPT) + [G, GC, S, 5, SC, S, 6, SC, K, 7, KC, SC, 8]  # a stray </step> after the block
+    ns = iso.namespace_key(len(PROMPT))
+    cache = _Cache({ns: ids})
+    req = _req(ids, start=len(PROMPT), extra_key=ns)  # as the client sends it
+    result = plugin.around_match_prefix(cache.match, "cache", _Params(_Key(ids[:-1], ns), req))
+    assert getattr(req, plugin.REQ_ATTR) is None and len(result.device_indices) == 0
+    assert req.extra_key == ns + iso.MALFORMED and cache.calls == [(ids[:-1], ns + iso.MALFORMED)]
+    # matched again (a retraction), it stays there
+    plugin.around_match_prefix(cache.match, "cache", _Params(_Key(ids[:-1], req.extra_key), req))
+    assert req.extra_key == ns + iso.MALFORMED
+
+
 def test_match_prefix_leaves_unmarked_requests_alone():
     ids = trace([[3, 5]])
     cache = _Cache({None: ids})
