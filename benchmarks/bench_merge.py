@@ -35,6 +35,49 @@ from typing import Any
 import numpy as np
 import torch
 
+ROOT = Path(__file__).resolve().parents[1]
+MERGE_SEMANTICS = ("isolated", "reread")
+# torch: the engine's shared-KV merge; torch-reprefill: the same engine re-prefilling as a server does;
+# async: the async driver over an in-process token server (verl's agent-loop shape); sglang: SGLang's
+# native /generate API, served by the protocol stand-in (tests/support/sglang_standin.py) in a subprocess
+BACKENDS = ("torch", "torch-reprefill", "async", "sglang")
+
+
+def decode(backend: str, model: Any, tok: Any, prompts: list[str], cfg: Any, tags: Any, checkpoint: Path) -> list:
+    """Parallel generations of ``prompts`` from one token backend (same controller, seed and settings)."""
+    from components.engine import generate
+
+    if backend in ("torch", "torch-reprefill"):
+        return generate(model, tok, prompts, cfg, tags)
+    if backend == "async":
+        import asyncio
+
+        from components.engine.async_driver import generate_async
+        from components.engine.backends.torch_tokens import TorchTokenGenerator
+        from components.engine.controller import end_of_turn_ids
+
+        server = TorchTokenGenerator(model, end_of_turn_ids(tok), deterministic=True).as_async()
+        return asyncio.run(generate_async(tok, prompts, cfg, tags, server))
+    if backend != "sglang":
+        raise ValueError(f"unknown backend {backend!r}: choose from {', '.join(BACKENDS)}")
+    import sys
+    import tempfile
+
+    import yaml
+
+    from components.ops.sglang_server import launched
+
+    tmp = Path(tempfile.mkdtemp(prefix="npr-bench-sglang-"))
+    spec = tmp / "server.yaml"
+    spec.write_text(yaml.safe_dump({
+        "python": sys.executable, "module": "tests.support.sglang_standin", "model_path": "unused", "port": 0,
+        "tp_size": 1, "context_length": 4096, "random_seed": 0, "enable_deterministic_inference": True,
+        "env": {"SGLANG_RETURN_ORIGINAL_LOGPROB": "1", "PYTHONPATH": str(ROOT)},
+    }))  # fmt: skip
+    server_cfg = cfg.model_copy(update={"backend": "sglang", "server_spec": str(spec)})
+    with launched(checkpoint, server_cfg, tmp) as url:
+        return generate(None, tok, prompts, server_cfg.model_copy(update={"server_url": url}), tags)
+
 
 def _prompts(cfg: Any, tokenizer: Any, problems_dir: Path, n: int, seed: int) -> tuple[list[str], list[dict]]:
     from components.data.problems import load_problems
@@ -50,9 +93,10 @@ def _prompts(cfg: Any, tokenizer: Any, problems_dir: Path, n: int, seed: int) ->
 
 
 def token_deviations(
-    model: Any, tokenizer: Any, tags: Any, gens: list[Any], threshold: float
+    model: Any, tokenizer: Any, tags: Any, gens: list[Any], threshold: float, merge: str = "isolated"
 ) -> dict[str, Any]:
-    """Rollout vs trainer log-probs of well-formed generations, split at the first merge."""
+    """Rollout vs trainer log-probs of well-formed generations, split at the first merge; the trainer
+    teacher-forces under the merge semantics ``merge`` (``components.structure.merge``)."""
     from components.structure import StructureError
     from components.training.papo import post_merge_is_weights, post_merge_mask
     from components.training.rl_batch import Rollout, build_policy_batch, response_log_probs
@@ -79,7 +123,7 @@ def token_deviations(
     pre_d, post_d, branch_d, weights, truncated = [], [], [], [], []
     for lo in range(0, len(rows), 32):
         chunk = rows[lo : lo + 32]
-        batch = build_policy_batch([r for r, *_ in chunk], pad, tags)
+        batch = build_policy_batch([r for r, *_ in chunk], pad, tags, merge)
         with torch.no_grad():
             trainer_lp, _ = response_log_probs(model, batch)
         rollout_lp = torch.full_like(trainer_lp, float("nan"))
@@ -208,12 +252,17 @@ def main() -> None:
     parser.add_argument("--threshold", type=float, default=None, help="C (default: papo_rl's is_threshold)")
     parser.add_argument("--papo-steps", type=int, default=6, help="0 skips the PAPO runs")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--backends",
+        default=",".join(BACKENDS),
+        help=f"token backends to decode with (of {','.join(BACKENDS)}); sglang = the protocol stand-in server",
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write the numbers here")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
     from components.config import load_config
-    from components.engine import GenerationConfig, generate
+    from components.engine import GenerationConfig
     from components.models.loading import load_model
     from components.structure import TagIds
 
@@ -232,7 +281,8 @@ def main() -> None:
         "prompts": len(prompts),
         "threshold": threshold,
     }
-    for mode in ("shared_kv", "reprefill"):
+    for backend in args.backends.split(","):
+        mode = "shared_kv" if backend == "torch" else "reprefill"
         gen_cfg = GenerationConfig(
             mode="parallel",
             temperature=sc.temperature,
@@ -244,13 +294,17 @@ def main() -> None:
             merge_mode=mode,
         )
         start = time.perf_counter()
-        gens = generate(model, tokenizer, prompts, gen_cfg, tags)
+        gens = decode(backend, model, tokenizer, prompts, gen_cfg, tags, args.checkpoint)
         wall = time.perf_counter() - start
-        stats = token_deviations(model, tokenizer, tags, gens, threshold)
-        stats["decode_s"] = wall
         scores = summarize(judge_many([g.text for g in gens], golds, cfg.schema_name, cfg.grading))
-        stats["scores"] = {k: scores[k] for k in ("correct_and_valid", "accuracy", "format_valid")}
-        results[mode] = stats
+        for merge in MERGE_SEMANTICS:
+            stats = token_deviations(model, tokenizer, tags, gens, threshold, merge)
+            stats["decode_s"] = wall
+            stats["merge_mode"] = mode
+            stats["scores"] = {k: scores[k] for k in ("correct_and_valid", "accuracy", "format_valid")}
+            results.setdefault("pairs", {})[f"{backend}|{merge}"] = stats
+        if backend in ("torch", "torch-reprefill"):
+            results[mode] = results["pairs"][f"{backend}|isolated"]  # the PAPO section's two modes
     if args.papo_steps > 0:
         results["papo"] = {
             mode: papo_run(cfg, args.checkpoint, args.problems, mode, args.papo_steps, args.seed)
@@ -261,8 +315,24 @@ def main() -> None:
         args.json.write_text(json.dumps(results, indent=2, default=float))
 
 
+def _print_pairs(r: dict[str, Any]) -> None:
+    """The (semantics x backend) table: rollout vs teacher-forced log-probs of post-merge tokens."""
+    print("| backend | merge mode | trainer semantics | post-merge tokens | mean abs dlogp | p99 | max | pre-merge max |")
+    print("|---|---|---|---|---|---|---|---|")
+    for key, m in r.get("pairs", {}).items():
+        backend, merge = key.split("|")
+        s, pre = m["post_merge"], m["pre_merge"]
+        print(
+            f"| {backend} | {m['merge_mode']} | {merge} | {m['tokens']['post_merge']} | {s['mean']:.2e} | "
+            f"{s['p99']:.2e} | {s['max']:.2e} | {pre['max']:.2e} |"
+        )
+
+
 def _print(r: dict[str, Any]) -> None:
-    print(f"checkpoint {r['checkpoint']}: {r['prompts']} samples per mode, C = {r['threshold']}")
+    print(f"checkpoint {r['checkpoint']}: {r['prompts']} samples per backend, C = {r['threshold']}")
+    _print_pairs(r)
+    if "shared_kv" not in r or "reprefill" not in r:
+        return
     print(
         f"{'merge mode':<10} {'merged':>7} {'class':<11} {'tokens':>7} {'mean |dlogp|':>13} {'p99':>9} {'max':>9}"
     )

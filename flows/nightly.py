@@ -124,7 +124,7 @@ def planned_evaluation(cfg: PipelineConfig, ckpt: CheckpointSpec, digest: str) -
         "benchmarks": {b.name: {"n_samples": b.n_samples, "k": b.k} for b in nightly_benchmarks(cfg)},
     }
     settings = {
-        "sampling": sampling_settings(cfg.evaluate),
+        "sampling": sampling_settings(cfg.evaluate, cfg.merge_semantics),
         "prompt_hash": prompt_fingerprint(cfg.prompts)["prompt_hash"],
         "grader_version": grader_version(cfg.grading),
     }

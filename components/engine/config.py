@@ -34,6 +34,12 @@ class GenerationConfig(StrictModel):
     the torch engine does on request to measure it). With ``server: launch`` the stage starts a server for
     the checkpoint it samples from ``server_spec`` and stops it afterwards; ``attach`` uses the server
     already running at ``server_url`` (it must serve that checkpoint).
+
+    ``sglang_isolated_merge`` (EXPERIMENTAL, off by default; ``backend: sglang`` with ``server: launch``): the
+    launched server runs with NPR's isolated-merge plugin on (components/engine/backends/sglang_plugin.py) and
+    parallel-mode requests carry their response start, so the server reads a merge's branches with the
+    trainer's mask and positions instead of re-reading them as sequential text. Until a GPU run shows it
+    exact, the generations still record ``merge_mode: reprefill``.
     """
 
     mode: Literal["sequential", "parallel"] = "sequential"
@@ -63,6 +69,7 @@ class GenerationConfig(StrictModel):
     server_args: dict[str, int | float | bool | str] = {}
     request_timeout_s: float = Field(600.0, gt=0)
     server_start_timeout_s: float = Field(900.0, gt=0)
+    sglang_isolated_merge: bool = False
 
     @model_validator(mode="after")
     def _merge_mode_fits_backend(self) -> GenerationConfig:
@@ -79,6 +86,11 @@ class GenerationConfig(StrictModel):
                 "merge_mode 'shared_kv' needs the torch backend: SGLang's /generate API has no parallel "
                 "mask or positions, so a merge re-reads the branches (merge_mode: reprefill); set "
                 "generation.merge_mode to reprefill or generation.backend to torch"
+            )
+        if self.sglang_isolated_merge and (self.backend != "sglang" or self.server != "launch"):
+            raise ValueError(
+                "sglang_isolated_merge needs backend 'sglang' with server 'launch' (the stage starts the server "
+                f"with the plugin on); got backend {self.backend!r}, server {self.server!r}"
             )
         return self
 

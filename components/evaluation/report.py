@@ -126,6 +126,19 @@ def detail_table(eval_metrics: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _merge_line(merge: Mapping[str, Any] | None) -> list[str]:
+    """What the parallel checkpoints were trained to see after a merge, and whether the decode served it."""
+    if not merge:
+        return []
+    how = (
+        "exact: the decode samples what the policy was trained on"
+        if merge["exact"]
+        else "NOT exact: the decode re-reads merges the policy was trained to see isolated, so post-merge "
+        "tokens come from another context (docs/architecture.md, \"Merge semantics\")"
+    )
+    return [f"Merge: semantics {merge['semantics']}, decoded with {merge['mode']} ({how})."]
+
+
 def render_report(eval_metrics: Mapping[str, Any], title: str, images: Sequence[str] = ()) -> str:
     """The whole markdown report. ``images`` are file names relative to the report (the PNG plots)."""
     s = eval_metrics["settings"]
@@ -135,6 +148,7 @@ def render_report(eval_metrics: Mapping[str, Any], title: str, images: Sequence[
         f"# {title}",
         "",
         f"Sampling: {sampling}. Prompt hash `{s['prompt_hash']}`. Engine: {engine}.",
+        *_merge_line(s.get("merge")),
         "Accuracy is avg@n: the fraction of the n samples of a problem that are correct, averaged over "
         "problems (in %). pass@k is the unbiased estimator. Parallel rate counts responses with at least one "
         "valid block of ≥ 2 plans (and ≥ 1 plan). Speedup compares tokens/s of the same checkpoint on the "

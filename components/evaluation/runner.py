@@ -96,12 +96,26 @@ def generation_config(
     return GenerationConfig.model_validate({**ecfg.generation.model_dump(), **engine_settings, "mode": mode})
 
 
-def sampling_settings(ecfg: EvaluateConfig) -> dict[str, Any]:
-    """The settings the numbers depend on (pinned in baseline files)."""
+def sampling_settings(ecfg: EvaluateConfig, merge_semantics: str) -> dict[str, Any]:
+    """The settings the numbers depend on (pinned in baseline files): the engine's sampling, and the merge
+    semantics the checkpoints were trained in (the pipeline's ``merge_semantics``) beside the
+    ``merge_mode`` they are decoded with, so an evaluation never mixes semantics with its baseline."""
     from components.engine import GenerationConfig
 
     keys = [k for k in GenerationConfig.model_fields if k not in DEPLOYMENT_SETTINGS]
-    return {k: getattr(ecfg.generation, k) for k in keys}
+    return {**{k: getattr(ecfg.generation, k) for k in keys}, "merge_semantics": merge_semantics}
+
+
+def merge_settings(merge_semantics: str, merge_mode: str) -> dict[str, Any]:
+    """The merge of an evaluation: the trained semantics, the decode's mode, and whether that decode samples
+    the trained semantics exactly (``components.engine.generation.exact_semantics``)."""
+    from components.engine.generation import exact_semantics
+
+    return {
+        "semantics": merge_semantics,
+        "mode": merge_mode,
+        "exact": exact_semantics(merge_mode) == merge_semantics,
+    }
 
 
 def engine_version(ecfg: EvaluateConfig) -> dict[str, str]:
@@ -324,6 +338,9 @@ def _records(
             "n_tokens": gen.total_tokens,
             "parallel_taken": gen.parallel_taken,
             "finish_reason": gen.finish_reason,
+            # how the merges were decoded and what the policy was trained to see (never mixed unseen)
+            "merge_mode": gen.merge_mode,
+            "merge_semantics": cfg.merge_semantics,
             **_structure(gen, tags, schema),
         }
         records.append(rec)
@@ -548,7 +565,8 @@ def evaluate_checkpoints(
     result = EvalResult(
         metrics={
             "settings": {
-                "sampling": sampling_settings(ecfg),
+                "sampling": sampling_settings(ecfg, cfg.merge_semantics),
+                "merge": merge_settings(cfg.merge_semantics, ecfg.generation.merge_mode),
                 "prompt_hash": prompt_fingerprint(cfg.prompts)["prompt_hash"],
                 "engine_version": engine_version(ecfg),
                 "grader_version": grader_version(cfg.grading),

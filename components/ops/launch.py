@@ -36,11 +36,14 @@ SGLANG_FLAGS = {
     "mem_fraction_static": "--mem-fraction-static",
     "context_length": "--context-length",
     "random_seed": "--random-seed",
+    "attention_backend": "--attention-backend",
+    "page_size": "--page-size",
 }
 SGLANG_SWITCHES = {
     "trust_remote_code": "--trust-remote-code",
     # per-request sampling_seed is honoured only in SGLang's deterministic mode (sampling_batch_info.py)
     "enable_deterministic_inference": "--enable-deterministic-inference",
+    "disable_piecewise_cuda_graph": "--disable-piecewise-cuda-graph",
 }
 # where and with what it runs, not how: the image, SGLang's own interpreter (it cannot share verl's
 # environment), the module to run, and environment variables for the server process
@@ -48,6 +51,11 @@ SGLANG_META = {"image", "python", "module", "env", "api_key_env"}  # the key is 
 SGLANG_IGNORED = SGLANG_META
 SGLANG_KEYS = frozenset(SGLANG_FLAGS) | frozenset(SGLANG_SWITCHES) | SGLANG_META
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+# EXPERIMENTAL: a server with NPR's isolated-merge plugin (components.engine.backends.sglang_plugin) on: the
+# environment flag the plugin checks, and the settings its hooks need (the triton backend's custom mask,
+# one token per KV page, extends outside piecewise CUDA graphs).
+ISOLATED_MERGE_ENV = "NPR_SGLANG_ISOLATED_MERGE"
+ISOLATED_MERGE_SPEC = {"attention_backend": "triton", "page_size": 1, "disable_piecewise_cuda_graph": True}
 SGLANG_API_KEY_ENV = "NPR_SGLANG_API_KEY"  # what the spec names and the client reads (sglang_client)
 
 
@@ -60,6 +68,18 @@ def load_spec(path: Path | str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise LaunchSpecError(f"{path} must hold a mapping")
     return data
+
+
+def with_isolated_merge(spec: dict[str, Any]) -> dict[str, Any]:
+    """``spec`` with the isolated-merge plugin on: ``ISOLATED_MERGE_SPEC`` and ``ISOLATED_MERGE_ENV=1`` in its
+    ``env``; a spec that sets one of those keys to another value is refused."""
+    for key, value in ISOLATED_MERGE_SPEC.items():
+        if spec.get(key) not in (None, value):
+            raise LaunchSpecError(
+                f"the isolated-merge plugin needs {key}: {value!r}, the spec sets {spec[key]!r}"
+            )
+    env = {**(spec.get("env") or {}), ISOLATED_MERGE_ENV: "1"}
+    return {**spec, **ISOLATED_MERGE_SPEC, "env": env}
 
 
 def sglang_server_command(
@@ -98,4 +118,3 @@ def sglang_server_command(
             f"an SGLang server on {host} needs its API key: export {key_env} (on k8s: the npr-credentials secret)"
         )
     return argv  # loopback: only this machine can reach it; the key is used when it is set
-

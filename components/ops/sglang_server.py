@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from components.engine.backends.sglang_client import auth_headers
-from components.ops.launch import LaunchSpecError, load_spec, sglang_server_command
+from components.ops.launch import LaunchSpecError, load_spec, sglang_server_command, with_isolated_merge
 
 STOP_GRACE_S = 30.0
 
@@ -57,12 +57,18 @@ def free_port(host: str = "127.0.0.1") -> int:
 def server_spec(
     gen_cfg: Any, model_dir: Path | str, port: int, spec_path: Path | str | None = None
 ) -> dict[str, Any]:
-    """The spec of a stage-launched server: the file, ``server_args`` overrides, this model, 127.0.0.1."""
+    """The spec of a stage-launched server: the file, ``server_args`` overrides, this model, 127.0.0.1, and
+    with ``generation.sglang_isolated_merge`` the EXPERIMENTAL plugin's settings (``with_isolated_merge``)."""
     path = Path(spec_path or gen_cfg.server_spec)
     if not path.is_file():
         raise SGLangServerError(f"SGLang server spec {path} does not exist (generation.server_spec)")
     spec = {**load_spec(path), **dict(gen_cfg.server_args)}
     spec.update(model_path=str(model_dir), host="127.0.0.1", port=port)
+    if getattr(gen_cfg, "sglang_isolated_merge", False):
+        try:
+            spec = with_isolated_merge(spec)
+        except LaunchSpecError as err:
+            raise SGLangServerError(f"generation.sglang_isolated_merge: {err}") from err
     return spec
 
 

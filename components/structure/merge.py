@@ -174,10 +174,12 @@ def lay_out(
     merge: MergeSemantics = "isolated",
     pad_to: int | None = None,
     pad_id: int = 0,
+    min_length: int = 0,
 ) -> MergeLayout:
     """Lay several ``prompt + response`` sequences out under ``merge`` (``lay_out_row``) and pad them.
 
-    ``pad_to`` is a laid-out length (``ValueError`` when a row is longer).
+    ``pad_to`` is a laid-out length (``ValueError`` when a row is longer); ``min_length`` pads at least to
+    that length (a caller whose own padded width the laid-out rows must not shrink).
     """
     if starts is None:
         starts = [0] * len(list_of_ids)
@@ -189,6 +191,7 @@ def lay_out(
         if pad_to < length:
             raise ValueError(f"pad_to={pad_to} is shorter than the longest laid-out sequence ({length})")
         length = pad_to
+    length = max(length, min_length)
     orig = max((r.index.shape[0] for r in rows), default=0)
     depth = max((r.block_ids.shape[0] for r in rows), default=0)
     batch = len(rows)

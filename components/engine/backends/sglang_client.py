@@ -34,8 +34,10 @@ from typing import Any
 import httpx
 
 from components.engine.async_driver import BackendError, generate_async
+from components.engine.backends.sglang_isolated import request_fields
 from components.engine.config import GenerationConfig
 from components.engine.generation import Generation
+from components.structure import TagIds
 
 # The server's API key (infra/sglang/server.yaml api_key_env); sent as a bearer token when set.
 API_KEY_ENV = "NPR_SGLANG_API_KEY"
@@ -63,9 +65,14 @@ class SGLangClient:
     scores_prompt_tail = True
     routes_by_sample = True  # takes ``route=<sample index>`` (the async driver passes it)
 
-    def __init__(self, base_url: str, timeout_s: float = 600.0) -> None:
+    def __init__(
+        self, base_url: str, timeout_s: float = 600.0, isolated: tuple[list[int], Any] | None = None
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
+        # EXPERIMENTAL isolated merge: (response start per sample, TagIds); every request of sample i then
+        # carries sglang_isolated.request_fields(starts[i], tags) for the server's plugin
+        self.isolated = isolated
         self._http: httpx.AsyncClient | None = None
         self._ids = itertools.count()
         self.n_requests = 0
@@ -102,6 +109,15 @@ class SGLangClient:
         }
         if route is not None and self.dp_size > 1:
             payload["routed_dp_rank"] = route % self.dp_size
+        if self.isolated is not None:
+            if route is None:
+                raise SGLangError(
+                    "an isolated-merge request needs its sample (route) to know its response start"
+                )
+            starts, tags = self.isolated
+            fields = request_fields(starts[route], tags)
+            payload["extra_key"] = fields["extra_key"]
+            payload["sampling_params"] = {**sampling_params, "custom_params": fields["custom_params"]}
         item = await self.post("/generate", payload)
         self.n_requests += 1
         return parse_generate_item(item, tail)
@@ -184,10 +200,20 @@ def generate_sglang(
     response_prefixes: list[str] | None = None,
 ) -> list[Generation]:
     """Sample one response per prompt on the SGLang server at ``cfg.server_url`` (sequential or parallel
-    mode, same ``Generation`` as the torch backend; ``merge_mode`` is ``reprefill``)."""
+    mode, same ``Generation`` as the torch backend; ``merge_mode`` is ``reprefill``). With
+    ``cfg.sglang_isolated_merge`` in parallel mode, every request carries its response start (the prompt's
+    length) and ``tags`` for the server's EXPERIMENTAL isolated-merge plugin."""
+    isolated = None
+    if cfg.mode == "parallel" and getattr(cfg, "sglang_isolated_merge", False):
+        if not isinstance(tags, TagIds):
+            raise ValueError(
+                f"generation.sglang_isolated_merge needs the schema's TagIds, got {type(tags).__name__}"
+            )
+        starts = [len(tokenizer.encode(p, add_special_tokens=False)) for p in prompts]  # as controllers_for
+        isolated = (starts, tags)
 
     async def run_all() -> list[Generation]:
-        async with SGLangClient(cfg.server_url, cfg.request_timeout_s) as client:
+        async with SGLangClient(cfg.server_url, cfg.request_timeout_s, isolated) as client:
             return await generate_async(tokenizer, prompts, cfg, tags, client, response_prefixes, "sglang")
 
     return _run(run_all())

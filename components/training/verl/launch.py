@@ -50,6 +50,7 @@ from components.training.verl.plugins.names import (
     CPU_PLATFORM,
     ENGINE_VENDOR,
     ENGINE_VENDOR_ENV,
+    MERGE_ENV,
     PLATFORM_ENV,
     PLUGIN_PACKAGE,
     REPLAY_MODULE,
@@ -276,22 +277,24 @@ def _hydra_value(value: Any) -> str:
     return _fmt(value)
 
 
-def plugin_env_vars(stage_cfg: Any, schema: str = "npr") -> dict[str, str]:
+def plugin_env_vars(stage_cfg: Any, schema: str = "npr", merge: str = "isolated") -> dict[str, str]:
     """What selects our plugins in every process of the job: the package verl imports, the structure
-    schema they parse, and (native parallel stages) the engine vendor key of the NPR actor."""
+    schema they parse, and (native parallel stages) the engine vendor key of the NPR actor and the merge
+    semantics its forward lays out (``merge_semantics``)."""
     env = {"VERL_USE_EXTERNAL_MODULES": PLUGIN_PACKAGE, SCHEMA_ENV: schema}
     if native_parallel(stage_cfg):
         env[ENGINE_VENDOR_ENV] = ENGINE_VENDOR
+        env[MERGE_ENV] = merge
     if stage_cfg.verl.device == "cpu":
         env[PLATFORM_ENV] = CPU_PLATFORM
     return env
 
 
-def runtime_env(stage_cfg: Any, schema: str = "npr") -> dict[str, Any]:
+def runtime_env(stage_cfg: Any, schema: str = "npr", merge: str = "isolated") -> dict[str, Any]:
     """Ray job runtime env: the repository as working dir, our plugins imported by every ``import verl``."""
     # no auth setting here: the job inherits the cluster's token authentication (infra/ray/cluster.yaml)
     env_vars = {"TOKENIZERS_PARALLELISM": "true"}
-    env_vars.update(plugin_env_vars(stage_cfg, schema))
+    env_vars.update(plugin_env_vars(stage_cfg, schema, merge))
     return {
         "working_dir": ".",
         "env_vars": env_vars,
@@ -299,12 +302,14 @@ def runtime_env(stage_cfg: Any, schema: str = "npr") -> dict[str, Any]:
     }
 
 
-def ray_job_command(stage_cfg: Any, overrides: list[str], job_id: str, schema: str = "npr") -> list[str]:
+def ray_job_command(
+    stage_cfg: Any, overrides: list[str], job_id: str, schema: str = "npr", merge: str = "isolated"
+) -> list[str]:
     """``ray job submit`` argv running ``python -m verl.trainer.main_ppo <overrides>`` on the cluster; with
     ``verl.ray_address: null`` the driver as the stage runs it against the Ray head it starts itself
     (``components.training.verl.ray_cluster``), shown with that head's placeholder address."""
     if not stage_cfg.verl.ray_address:
-        env = [f"{k}={v}" for k, v in sorted(plugin_env_vars(stage_cfg, schema).items())]
+        env = [f"{k}={v}" for k, v in sorted(plugin_env_vars(stage_cfg, schema, merge).items())]
         return [
             "env",
             "RAY_ADDRESS=<the head npr stage starts>",
@@ -320,7 +325,7 @@ def ray_job_command(stage_cfg: Any, overrides: list[str], job_id: str, schema: s
         "submit",
         f"--address={stage_cfg.verl.ray_address}",
         f"--submission-id={job_id}",
-        f"--runtime-env-json={json.dumps(runtime_env(stage_cfg, schema), sort_keys=True)}",
+        f"--runtime-env-json={json.dumps(runtime_env(stage_cfg, schema, merge), sort_keys=True)}",
         "--",
         "python",
         "-m",
@@ -330,18 +335,24 @@ def ray_job_command(stage_cfg: Any, overrides: list[str], job_id: str, schema: s
 
 
 def write_launch_files(
-    run_dir: Path, stage: str, stage_cfg: Any, overrides: list[str], job_id: str, schema: str = "npr"
+    run_dir: Path,
+    stage: str,
+    stage_cfg: Any,
+    overrides: list[str],
+    job_id: str,
+    schema: str = "npr",
+    merge: str = "isolated",
 ) -> Path:
     """Write ``verl_overrides.yaml`` (the resolved overrides + the command) into the run directory."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    command = ray_job_command(stage_cfg, overrides, job_id, schema)
+    command = ray_job_command(stage_cfg, overrides, job_id, schema, merge)
     path = run_dir / "verl_overrides.yaml"
     payload = {
         "stage": stage,
         "entry": VERL_ENTRY_MODULE,
         "overrides": overrides,
-        "runtime_env": runtime_env(stage_cfg, schema),
+        "runtime_env": runtime_env(stage_cfg, schema, merge),
         "command": shlex.join(command),
     }
     tmp = path.with_suffix(".yaml.tmp")
@@ -554,8 +565,9 @@ def prepare_launch(
     )
     overrides = stage_overrides(stage, cfg, inputs)
     job_id = f"npr-{stage}-{cfg.profile}"
-    path = write_launch_files(run_dir, stage, stage_cfg, overrides, job_id, schema)
-    return ray_job_command(stage_cfg, overrides, job_id, schema), path
+    merge = cfg.merge_semantics
+    path = write_launch_files(run_dir, stage, stage_cfg, overrides, job_id, schema, merge)
+    return ray_job_command(stage_cfg, overrides, job_id, schema, merge), path
 
 
 # ------------------------------------------------------------------------------------------- validation
@@ -721,7 +733,7 @@ def validate_job(stage: str, cfg: Any) -> VerlJobCheck:
     inputs, _ = job_inputs(stage, cfg)
     overrides = stage_overrides(stage, cfg, inputs)
     schema = cfg.schema_of(stage)
-    env_vars = plugin_env_vars(stage_cfg, schema)
+    env_vars = plugin_env_vars(stage_cfg, schema, cfg.merge_semantics)
 
     from omegaconf import OmegaConf
     from verl.trainer.ppo.core_algos import get_adv_estimator_fn, get_policy_loss_fn
@@ -933,7 +945,11 @@ def main(argv: list[str] | None = None) -> int:
         print(
             shlex.join(
                 ray_job_command(
-                    stage_cfg, overrides, f"npr-{args.stage}-{cfg.profile}", cfg.schema_of(args.stage)
+                    stage_cfg,
+                    overrides,
+                    f"npr-{args.stage}-{cfg.profile}",
+                    cfg.schema_of(args.stage),
+                    cfg.merge_semantics,
                 )
             )
         )

@@ -127,7 +127,7 @@ def run_verl_stage(
     env.update(
         {
             k: value
-            for k, value in runtime_env(stage_cfg, cfg.schema_of(stage))["env_vars"].items()
+            for k, value in runtime_env(stage_cfg, cfg.schema_of(stage), cfg.merge_semantics)["env_vars"].items()
             if k not in ray_cluster.NOT_FORWARDED
         }
     )

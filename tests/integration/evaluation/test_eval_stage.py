@@ -102,6 +102,9 @@ def test_metrics_json_has_every_checkpoint_and_provenance(world: dict[str, Any])
     assert [r["checkpoint"] for r in saved["recipe"]["rows"]] == ["seed", "papo_rl"]
     assert [c["claim"] for c in saved["recipe"]["claims"]] == ["NPR ≥ seed (instruct)"]
     assert saved["settings"]["sampling"]["max_new_tokens"] == 24
+    # the merge the checkpoints were trained in and decoded with, pinned and reported (never mixed)
+    assert saved["settings"]["sampling"]["merge_semantics"] == "isolated"
+    assert saved["settings"]["merge"] == {"semantics": "isolated", "mode": "shared_kv", "exact": True}
     assert saved["n_records"] == 2 * N_PROBLEMS * N_SAMPLES
     # Logged to W&B (offline), the run id kept in the stage's work dir beside its outputs.
     assert (world["root"] / "evaluate" / "work" / "wandb_run_id").read_text().strip()
@@ -118,6 +121,7 @@ def test_every_number_agrees_with_the_records(world: dict[str, Any]) -> None:
         m = ckpt["benchmarks"]["tiny_test"]
         assert len(records) == N_PROBLEMS * N_SAMPLES
         assert {r["mode"] for r in records} == {ckpt["mode"]}
+        assert {(r["merge_semantics"], r["merge_mode"]) for r in records} == {("isolated", "shared_kv")}
         acc = per_problem_accuracy(records)
         assert m["accuracy"] == pytest.approx(sum(acc) / len(acc))
         assert m["total_tokens"] == sum(r["n_tokens"] for r in records)
@@ -150,6 +154,7 @@ def test_report_plots_and_plot_data_render(world: dict[str, Any]) -> None:
     assert "## Accuracy" in text and "## Throughput" in text and "## Recipe" in text
     assert "| NPR ≥ seed (instruct) |" in text
     assert "| checkpoint | mode | tiny_test (avg@2) | average |" in text
+    assert "Merge: semantics isolated, decoded with shared_kv (exact:" in text
     # the accuracy and detail tables (after the recipe table): one row per checkpoint each
     tables = text.split("## Accuracy")[1]
     assert tables.count("| seed | sequential |") == 2 and tables.count("| papo_rl | parallel |") == 2

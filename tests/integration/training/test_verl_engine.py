@@ -181,6 +181,37 @@ def test_engine_log_probs_equal_the_local_trainer(world, gloo_world, monkeypatch
         assert (causal - want).abs().max().item() > 1e-2  # 1e3 x the tolerance above, on random weights
 
 
+def test_under_reread_the_engine_lays_out_the_re_read_and_equals_the_local_trainer(
+    world, gloo_world, monkeypatch
+):
+    """``NPR_MERGE_SEMANTICS=reread`` (the launcher sets it from ``merge_semantics``): the actor's forward
+    runs on the laid-out rows (re-read copies of branches 2..k) and hands verl logits in verl's own layout;
+    its log-probs equal the local trainer's under reread, and differ from isolated after the merge."""
+    from components.structure import Role
+    from components.training.verl.plugins.names import MERGE_ENV
+
+    model, tok, tags, cfg = world
+    rollouts = make_rollouts(tok, cfg, 6, parallel=True, seed=3)
+    engine = npr_engine(model, tok, monkeypatch)
+    monkeypatch.setenv(MERGE_ENV, "reread")
+    got = engine_log_probs(engine, rollouts)
+    with torch.no_grad():
+        want, _ = response_log_probs(model, build_policy_batch(rollouts, tok.pad_token_id, tags, "reread"))
+        iso, _ = response_log_probs(model, build_policy_batch(rollouts, tok.pad_token_id, tags, "isolated"))
+    assert got.shape == want.shape
+    assert (got - want).abs().max().item() <= 1e-5
+    post = torch.zeros_like(got, dtype=torch.bool)
+    for b, r in enumerate(rollouts):
+        row = torch.from_numpy(post_merge_mask(r.prompt_ids + r.response_ids, tags, len(r.prompt_ids)))
+        post[b, : row.numel()] = row
+    assert post.any() and tags.id_for(Role.SUMMARY_OPEN) in rollouts[0].response_ids
+    assert (got - iso).abs()[~post].max().item() <= 1e-5  # before the first merge both semantics agree
+    assert (got - iso).abs()[post].max().item() > 1e-3
+    monkeypatch.setenv(MERGE_ENV, "sequential")
+    with pytest.raises(ValueError, match="unknown merge semantics"):
+        engine_log_probs(engine, rollouts)
+
+
 def test_ppo_loss_with_papo_backpropagates_through_the_engine(world, gloo_world, monkeypatch):
     model, tok, tags, cfg = world
     rollouts = make_rollouts(tok, cfg, 4, parallel=True, seed=5)

@@ -48,3 +48,97 @@ def test_generation_config_rejects_what_a_server_cannot_do() -> None:
         GenerationConfig(backend="sglang", merge_mode="reprefill", server_args={"port": 1})
     with pytest.raises(ValidationError, match="server_args"):
         GenerationConfig(backend="sglang", merge_mode="reprefill", server_args={"tp": 2})
+
+
+def test_isolated_merge_is_off_by_default_and_launches_the_plugins_server_when_on(in_repo: Path) -> None:
+    from components.ops.launch import ISOLATED_MERGE_ENV
+    from components.ops.sglang_server import SGLangServerError
+
+    for profile in ("tiny", "qwen3-4b"):
+        cfg = load_config(profile=profile)
+        assert not cfg.distill.generation.sglang_isolated_merge
+        assert not cfg.evaluate.generation.sglang_isolated_merge
+    off = server_spec(GenerationConfig(backend="sglang", merge_mode="reprefill"), "m", port=41234)
+    argv = sglang_server_command(off)
+    assert "--attention-backend" not in argv and "--page-size" not in argv
+    assert "--disable-piecewise-cuda-graph" not in argv and ISOLATED_MERGE_ENV not in off["env"]
+    gen = GenerationConfig(backend="sglang", merge_mode="reprefill", sglang_isolated_merge=True)
+    on = server_spec(gen, "m", port=41234)
+    argv = sglang_server_command(on)
+    assert argv[argv.index("--attention-backend") + 1] == "triton"
+    assert argv[argv.index("--page-size") + 1] == "1"
+    assert "--disable-piecewise-cuda-graph" in argv
+    assert on["env"] == {"SGLANG_RETURN_ORIGINAL_LOGPROB": "1", ISOLATED_MERGE_ENV: "1"}
+    clash = gen.model_copy(update={"server_args": {"page_size": 16}})
+    with pytest.raises(SGLangServerError, match="page_size"):
+        server_spec(clash, "m", port=41234)
+
+
+def test_isolated_merge_needs_a_launched_sglang_server() -> None:
+    with pytest.raises(ValidationError, match="sglang_isolated_merge"):
+        GenerationConfig(sglang_isolated_merge=True)  # torch backend
+    with pytest.raises(ValidationError, match="sglang_isolated_merge"):
+        GenerationConfig(
+            backend="sglang", merge_mode="reprefill", server="attach", sglang_isolated_merge=True
+        )
+
+
+def test_the_client_marks_isolated_requests_with_their_sample_response_start() -> None:
+    import asyncio
+
+    from components.engine.backends.sglang_client import SGLangClient
+    from components.engine.backends.sglang_isolated import parse_request_params
+    from components.structure import NPR, TagIds
+
+    tags = TagIds(NPR, {tag: 100 + i for i, tag in enumerate(NPR.tags)})
+    answer = {"meta_info": {"output_token_logprobs": [[-0.5, 7, None]], "finish_reason": {"type": "stop"}}}
+
+    def payloads(client: SGLangClient, route: int | None) -> dict:
+        sent = []
+
+        async def post(path, payload):
+            sent.append(payload)
+            return answer
+
+        client.post = post
+        params = {"temperature": 1.0}
+        asyncio.run(client([1, 2, 3], params, route=route))
+        assert params == {"temperature": 1.0}  # the caller's dict is not changed
+        return sent[0]
+
+    marked = payloads(SGLangClient("http://x", isolated=([5, 9], tags)), route=1)
+    assert marked["extra_key"] == "npr-isolated:9"
+    assert parse_request_params(marked["sampling_params"]["custom_params"]) == (9, tags)
+    assert marked["sampling_params"]["temperature"] == 1.0
+    plain = payloads(SGLangClient("http://x"), route=1)
+    assert "extra_key" not in plain and "custom_params" not in plain["sampling_params"]
+
+
+def test_generate_sglang_gives_each_sample_its_prompt_length_as_response_start(monkeypatch) -> None:
+    from components.engine.async_driver import controllers_for
+    from components.engine.backends import sglang_client
+    from components.models.tiny import tiny_test_world
+    from components.structure import TagIds
+
+    _, tok = tiny_test_world(seed=0)
+    tags = TagIds.from_tokenizer(tok, "npr")
+    prompts = ["add 2 and 3", "a longer prompt with more words in it <step> 1: x </step>"]
+    seen = []
+
+    async def fake_generate_async(tokenizer, prompts, cfg, tags, client, *rest):
+        seen.append(client.isolated)
+        return []
+
+    monkeypatch.setattr(sglang_client, "generate_async", fake_generate_async)
+    gen = GenerationConfig(
+        mode="parallel", backend="sglang", merge_mode="reprefill", sglang_isolated_merge=True
+    )
+    sglang_client.generate_sglang(tok, prompts, gen, tags)
+    starts, sent_tags = seen[-1]
+    assert sent_tags == tags
+    assert starts == [len(c.prompt_ids) for c in controllers_for(tok, prompts, gen, tags)]
+    assert starts[0] < starts[1]
+    sglang_client.generate_sglang(tok, prompts, gen.model_copy(update={"mode": "sequential"}), tags)
+    assert seen[-1] is None  # sequential decoding never forks: requests go out unmarked
+    with pytest.raises(ValueError, match="TagIds"):
+        sglang_client.generate_sglang(tok, prompts, gen, None)

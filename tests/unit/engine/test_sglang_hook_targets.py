@@ -76,3 +76,84 @@ def test_the_merge_hook_targets_exist(sglang_source):
     kernel = _read(sglang_source, "layers/attention/triton_ops/extend_attention.py")
     # the prefix part of a custom mask is skipped by default: a merge's extend must start at the fork point
     assert "skip_prefix_custom_mask=True" in kernel
+
+
+def _class_body(source: str, name: str) -> str:
+    """The text of ``class name`` up to the next top-level statement."""
+    body = source.split(f"\nclass {name}", 1)[1]
+    return re.split(r"\n(?=\S)", body, maxsplit=1)[0]
+
+
+def test_the_plugins_hooks_name_methods_of_the_pinned_sglang(sglang_source):
+    """Every (target, kind) the plugin registers names a method of a class in the pinned wheel, with the
+    arguments the plugin's hook takes."""
+    from components.engine.backends import sglang_plugin as plugin
+
+    signatures = {
+        plugin.MATCH_PREFIX: "def match_prefix(self, params: MatchPrefixParams)",
+        plugin.INIT_NEW: "def init_new(\n        cls,\n        batch: ModelWorkerBatch,\n        model_runner: ModelRunner,",
+        plugin.INIT_METADATA: "def init_forward_metadata(self, forward_batch: ForwardBatch)",
+    }
+    assert {target for target, _, _ in plugin.HOOKS} == set(signatures)
+    hooks = _read(sglang_source, "plugins/hook_registry.py")
+    for target, kind, _ in plugin.HOOKS:
+        module, cls, method = target.rsplit(".", 2)
+        assert module.startswith("sglang.srt.")
+        source = _read(sglang_source, module.removeprefix("sglang.srt.").replace(".", "/") + ".py")
+        assert signatures[target] in _class_body(source, cls + "("), target
+        assert f'{kind} = "{kind.lower()}"' in hooks
+    fb = _read(sglang_source, "model_executor/forward_batch_info.py")
+    assert (
+        "    @classmethod\n    def init_new(" in fb
+    )  # the registry unwraps a classmethod: the hook gets cls
+    # AFTER hooks get (result, *args); AROUND hooks (original, *args)
+    assert "modified = hook(result, *args, **kwargs)" in hooks
+    assert "return hook(original_fn, *args, **kwargs)" in hooks
+
+
+def test_what_the_plugins_hooks_read_and_write_exists(sglang_source):
+    base = _read(sglang_source, "mem_cache/base_prefix_cache.py")
+    assert "@dataclasses.dataclass\nclass MatchPrefixParams:" in base  # dataclasses.replace works on it
+    assert "    key: RadixKey\n" in base and "    req: Optional[Req] = None" in base
+    radix = _read(sglang_source, "mem_cache/radix_cache.py")
+    assert "token_ids: List[int],\n        extra_key: Optional[str] = None," in radix  # RadixKey(ids, key)
+    assert "return RadixKey(self.token_ids[start:stop], self.extra_key)" in radix  # key[:cut] keeps it
+    assert "token_ids, req.extra_key, is_bigram=self.is_eagle" in radix  # inserts use req.extra_key
+    batch = _read(sglang_source, "managers/schedule_batch.py")
+    assert "self.origin_input_ids = origin_input_ids" in batch and "self.output_ids = []" in batch
+    assert (
+        "key=RadixKey(token_ids=token_ids, extra_key=self.extra_key),\n                    req=self," in batch
+    )
+    worker_batch = _class_body(batch, "ModelWorkerBatch:")
+    for field in ("reqs:", "extend_seq_lens:", "extend_prefix_lens:"):
+        assert f"    {field}" in worker_batch
+    io = _read(sglang_source, "managers/io_struct.py")
+    assert "extra_key: Optional[Union[List[str], str]] = None" in io  # a /generate field
+    params = _read(sglang_source, "sampling/sampling_params.py")
+    assert "custom_params: Optional[Dict[str, Any]] = None" in params
+    fb = _read(sglang_source, "model_executor/forward_batch_info.py")
+    assert "positions, ret.extend_start_loc = compute_position(" in fb
+    triton = _read(sglang_source, "layers/attention/triton_backend.py")
+    metadata = _class_body(triton, "ForwardMetadata:")
+    assert "    custom_mask: torch.Tensor\n    mask_indptr: torch.Tensor\n" in metadata
+    assert "self.extend_attention_fwd = torch.compiler.disable(extend_attention_fwd)" in triton
+    assert "self.forward_metadata.custom_mask,\n            causal," in triton
+    assert "skip_prefix_custom_mask" not in triton  # the plugin's keyword cannot collide with the call's
+    kernel = _read(sglang_source, "layers/attention/triton_ops/extend_attention.py")
+    # the mask layout: per request, extend rows of (prefix + extend) columns from mask_indptr
+    assert (
+        "* (cur_seq_len + window_kv_offset)" in kernel
+        and "cur_seq_len = cur_seq_len_prefix + cur_seq_len_extend" in kernel
+    )
+
+
+def test_the_server_flags_the_plugin_needs_exist(sglang_source):
+    from components.ops.launch import ISOLATED_MERGE_SPEC, sglang_server_command, with_isolated_merge
+
+    argv = sglang_server_command(with_isolated_merge({"model_path": "m", "port": 1, "tp_size": 1}))
+    flags = [a for a in argv if a.startswith("--")]
+    assert len(flags) == 3 + 3  # model path, port, tp size and the plugin's three
+    args = _read(sglang_source, "server_args.py")
+    for flag in flags:
+        assert f'"{flag}"' in args, flag
+    assert ISOLATED_MERGE_SPEC["attention_backend"] == "triton" and '"triton"' in args

@@ -12,7 +12,7 @@ from components.config import load_config
 from components.evaluation.config import NightlyConfig
 
 SETTINGS = {
-    "sampling": {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_new_tokens": 96, "seed": 0},
+    "sampling": {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_new_tokens": 96, "seed": 0, "merge_semantics": "isolated"},
     "prompt_hash": "abc123",
     "engine_version": {
         "npr_pipeline": "0.1.0",

@@ -22,8 +22,10 @@ def test_sampling_settings_are_the_engine_config() -> None:
     gen = generation_config(ecfg, "parallel")
     assert (gen.mode, gen.temperature, gen.top_k, gen.max_new_tokens) == ("parallel", 0.5, 7, 33)
     assert generation_config(ecfg, "sequential").mode == "sequential" and ecfg.generation.mode == "sequential"
-    pinned = sampling_settings(ecfg)
+    pinned = sampling_settings(ecfg, "reread")
     assert pinned["temperature"] == 0.5 and pinned["top_k"] == 7
+    # the trained merge semantics is pinned beside the decode's merge_mode
+    assert (pinned["merge_semantics"], pinned["merge_mode"]) == ("reread", "shared_kv")
     assert not {"batch_size", "mode", "server_url"} & set(pinned)
 
 

@@ -132,6 +132,9 @@ def test_other_settings_are_refused_never_a_regression(
         "sampling.merge_mode": make_eval(
             0.6, settings={"sampling": {**SETTINGS["sampling"], "merge_mode": "reprefill"}}
         ),
+        "sampling.merge_semantics isolated in the baseline, reread now": make_eval(
+            0.6, settings={"sampling": {**SETTINGS["sampling"], "merge_semantics": "reread"}}
+        ),
         "grader_version": make_eval(0.6, settings={"grader_version": {"math-verify": "9", "settings": "x"}}),
         "mode": make_eval(0.6, mode="sequential"),
     }

@@ -20,7 +20,6 @@ from components.structure import (
     parallel_attention_inputs,
     prediction_sources,
 )
-
 from tests.unit.structure.conftest import tag_ids_for
 
 NPR_TAGS = tag_ids_for(NPR)

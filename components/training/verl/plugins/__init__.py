@@ -26,6 +26,7 @@ from components.training.verl.plugins.names import (
     ENGINE_VENDOR_ENV,
     PLUGIN_PACKAGE,
     REWARD_MANAGER,
+    MERGE_ENV,
     SCHEMA_ENV,
 )
 
@@ -35,5 +36,6 @@ __all__ = [
     "ENGINE_VENDOR_ENV",
     "PLUGIN_PACKAGE",
     "REWARD_MANAGER",
+    "MERGE_ENV",
     "SCHEMA_ENV",
 ]

@@ -40,15 +40,24 @@ from verl.workers.utils.padding import no_padding_2_padding
 from components.structure import (
     StructureError,
     TagIds,
-    batch_parallel_attention_inputs,
+    check_semantics,
+    lay_out,
     prediction_sources,
     to_additive_mask,
 )
 from components.training.papo import post_merge_is_weights, post_merge_mask
-from components.training.verl.plugins.names import DEFAULT_SCHEMA, ENGINE_DEVICES, ENGINE_VENDOR, SCHEMA_ENV
+from components.training.verl.plugins.names import (
+    DEFAULT_MERGE,
+    DEFAULT_SCHEMA,
+    ENGINE_DEVICES,
+    ENGINE_VENDOR,
+    MERGE_ENV,
+    SCHEMA_ENV,
+)
 
 _SOURCES_KEY = "npr_prediction_sources"
 _LENGTHS_KEY = "npr_sequence_lengths"
+_ROUTE_KEY = "npr_logit_rows"
 
 
 def prompt_lengths(data: Any) -> list[int]:
@@ -149,19 +158,26 @@ class NPRParallelEngine(FSDPEngineWithLMHead):
         seqs = _sequences(micro_batch)
         starts = prompt_lengths(micro_batch)
         length = int(model_inputs["input_ids"].shape[1])
+        merge = check_semantics(os.environ.get(MERGE_ENV, DEFAULT_MERGE))
         try:
-            mask, positions = batch_parallel_attention_inputs(
-                seqs, self.npr_tags(), starts=starts, pad_to=length
-            )
+            laid = lay_out(seqs, self.npr_tags(), starts=starts, merge=merge, min_length=length)
         except StructureError as err:
             raise StructureError(
                 f"a training response has no canonical parallel mask ({err}); the agent loop "
                 "(npr_parallel) drops such rollouts, so this one did not come through it"
             ) from err
         device = model_inputs["input_ids"].device
-        mask = mask.to(device)
-        output_args[_SOURCES_KEY] = prediction_sources(mask)
-        output_args[_LENGTHS_KEY] = torch.tensor([len(s) for s in seqs], device=device)
+        mask = laid.segments.dense_mask().to(device)
+        sources = prediction_sources(mask)
+        lengths = torch.tensor([len(s) for s in seqs], device=device)
+        if laid.input_ids.shape[1] == length and merge == "isolated":
+            output_args[_SOURCES_KEY] = sources
+            output_args[_LENGTHS_KEY] = lengths
+        else:
+            # reread: the rows hold re-read copies; the forward runs on the laid-out ids and its logits come
+            # back to verl's layout (row t = the laid-out row that predicts token t + 1)
+            model_inputs["input_ids"] = laid.input_ids.to(device)
+            output_args[_ROUTE_KEY] = _logit_rows(sources, laid.index.to(device), lengths, length)
         attn = getattr(getattr(self.model_config, "hf_config", None), "_attn_implementation", "sdpa")
         if attn == "eager":
             # eager adds the mask to the scores: a bool mask would be silently wrong (stack-ml.md §2)
@@ -169,7 +185,7 @@ class NPRParallelEngine(FSDPEngineWithLMHead):
             model_inputs["attention_mask"] = to_additive_mask(mask, dtype)
         else:
             model_inputs["attention_mask"] = mask
-        model_inputs["position_ids"] = positions.to(device)
+        model_inputs["position_ids"] = laid.position_ids.to(device)
         return model_inputs, output_args
 
     # ------------------------------------------------------------------------------------------ outputs
@@ -178,8 +194,12 @@ class NPRParallelEngine(FSDPEngineWithLMHead):
     ):
         sources = output_args.pop(_SOURCES_KEY, None)
         lengths = output_args.pop(_LENGTHS_KEY, None)
+        route = output_args.pop(_ROUTE_KEY, None)
         if sources is not None:
             _route_logits_to_prediction_sources(output.logits, sources, lengths)
+        if route is not None:
+            logits = output.logits
+            output.logits = logits.gather(1, route[:, :, None].expand(-1, -1, logits.shape[-1]))
         return super().prepare_model_outputs(output, output_args, micro_batch, logits_processor_func)
 
     # ------------------------------------------------------------------------------------------ loss
@@ -233,6 +253,18 @@ def _aggregation_of(key: str) -> AggregationType:
     if key.endswith("nonfinite_rollout_logp"):
         return AggregationType.SUM
     return AggregationType.MEAN
+
+
+def _logit_rows(sources: torch.Tensor, index: torch.Tensor, lengths: torch.Tensor, width: int) -> torch.Tensor:
+    """long[B, width]: for verl's row ``t`` (the prediction of token ``t + 1``), the laid-out row whose logits
+    predict that token (``sources`` long[B, L'] of the laid-out mask, ``index`` long[B, L] where each
+    original token sits); rows past a sequence's end keep a harmless in-range row."""
+    batch = sources.shape[0]
+    rows = torch.arange(width, device=sources.device).expand(batch, -1).clone()
+    nxt = (rows + 1).clamp(max=index.shape[1] - 1)
+    want = sources.gather(1, index.gather(1, nxt))
+    inside = rows < (lengths[:, None] - 1)
+    return torch.where(inside, want, rows.clamp(max=sources.shape[1] - 1))
 
 
 def _route_logits_to_prediction_sources(

@@ -25,6 +25,10 @@ AGENT_LOOP = "npr_parallel"
 SCHEMA_ENV = "NPR_SCHEMA"
 DEFAULT_SCHEMA = "npr"
 
+# The merge semantics the NPR actor's forward lays out (set from params.yaml's merge_semantics).
+MERGE_ENV = "NPR_MERGE_SEMANTICS"
+DEFAULT_MERGE = "isolated"
+
 # The CPU platform (plugins.cpu_platform) and verl's variable that selects a platform by name.
 CPU_PLATFORM = "cpu"
 PLATFORM_ENV = "VERL_PLATFORM"
