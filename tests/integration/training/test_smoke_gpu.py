@@ -11,7 +11,8 @@ first interpreter, 3.12 then 3.11, for which a local CPU torch wheel exists, and
 when there is none, or when the package registry cannot be reached for the rest.
 
 The second test runs part 1 (the tiny chain's first stages through the stage runner), which needs the
-project's whole environment, in this one.
+project's whole environment, in this one. The third checks the bundle itself: one wheel of each, built for
+the node's CPython 3.12, and the failure past what the device tool carries.
 """
 
 from __future__ import annotations
@@ -171,3 +172,16 @@ def test_part_one_runs_the_first_stages_through_the_stage_runner(tmp_path):
     seed = rows["stage seed on cpu"]  # the committed seed model is found from the script's scratch folder
     assert "nan" not in seed and "accuracy" in seed, seed  # what the metrics hold, never a missing loss
     assert "PAPO update (small Qwen3" in "".join(rows)
+
+
+def test_the_wheel_bundle_fails_when_the_tree_and_wheels_exceed_what_the_tool_carries(tmp_path):
+    wheels = _wheels_module()
+    assert wheels.tree_bytes() < 32 * 2**20  # the checkout leaves room for the wheels under 64 MiB
+    proc = _run([sys.executable, str(ROOT / "benchmarks" / "smoke_gpu_wheels.py"), "--dest", str(tmp_path),
+                 "--limit-mib", "4"], timeout=600)  # fmt: skip
+    if proc.returncode == 2:
+        pytest.skip(f"the wheel bundle could not be downloaded: {proc.stderr[-600:]}")
+    assert proc.returncode == 1 and "too large for one device call" in proc.stderr, proc.stdout + proc.stderr
+    names = sorted(p.name.split("-")[0].lower() for p in tmp_path.glob("*.whl"))
+    assert names == sorted(n.replace("-", "_") for n in wheels.WHEELS), names  # one wheel each, nothing else
+    assert any("cp312" in p.name for p in tmp_path.glob("pydantic_core-*.whl"))  # the node's interpreter
