@@ -261,10 +261,10 @@ def _rollouts_of(gens) -> list:
     ]  # fmt: skip
 
 
-def _stats(values: torch.Tensor) -> str:
-    if values.numel() == 0:
+def _stats(parts: list[torch.Tensor]) -> str:
+    v = torch.cat(parts).double() if parts else torch.zeros(0)
+    if v.numel() == 0:
         return "no tokens"
-    v = values.double()
     return f"mean {v.mean():.2e}, p99 {torch.quantile(v, 0.99):.2e}, max {v.max():.2e}"
 
 
@@ -310,8 +310,8 @@ def exact_merge_rows(model, tok, tags, batch: int, new_tokens: int, micro: int =
                         post.append(diff[mask])
                         pre.append(diff[~mask])
             rows.append(
-                (what, _stats(torch.cat(post)), "",
-                 f"pre-merge {_stats(torch.cat(pre))}; {post_tokens} post-merge tokens; {len(gens)}/{batch} well-formed, "
+                (what, _stats(post), "",
+                 f"pre-merge {_stats(pre)}; {post_tokens} post-merge tokens; {len(gens)}/{batch} well-formed, "
                  f"{forked} forked; "
                  f"{batch} x {new_tokens} new tokens decoded in {wall:.1f} s")
             )  # fmt: skip
