@@ -32,8 +32,9 @@ Qwen3 of the same proportions in fp32), through the project's own code:
 
 Sized for well under 8 minutes on an H100 (an estimate until a GPU run measures it: about 3 minutes if
 the engine's per-step Python loop decodes a random-init 4B at 20-40 steps/s; the planner puts the
-training rows at 70.6 GiB of the H100's 79). The table is rewritten to --out after each part, so a run
-cut short keeps what it measured; the last row is the total wall time.
+training rows at 70.6 GiB of the H100's 79). The decode rows run last, and one that would start after
+``--budget-s`` (default 360 s) is skipped with a row saying so. The table is rewritten to --out after each
+part, so a run cut short keeps what it measured; the last row is the total wall time.
 
 Part 1, ``--stages sample_orz,seed,...`` (a prefix of the tiny chain, default none), runs the tiny
 profile's stages a few steps each through the stage runner in a scratch workspace. It needs the
@@ -510,14 +511,21 @@ def training_rows(model, tok, tags, shape_name: str, seq_len: int, device: torch
 
 
 # new tokens, batch: (merge check), (decode at batch 1), (decode at batch 64); the SFT/PAPO sequence length.
-# On an H100 a random-init Qwen3-4B decodes at roughly 20-40 steps/s through the engine's per-step Python
-# loop, so the decode rows take about (1024 + 512) x 2 steps / 30 per s = 100 s, the merge check 2 x 512
-# steps = 35 s (plus the teacher-forced passes), the SFT and PAPO steps a few seconds each: well under 8 min.
+# Estimated for an H100 (not yet measured): if the engine's per-step Python loop decodes a random-init 4B at
+# 20-40 steps/s, the merge check's 2 x ~310 steps take 15-30 s, the decode rows' (1024 + ~512) + (512 +
+# ~256) steps 60-115 s, the SFT and PAPO steps a few seconds each after the optimizer's first allocation.
+# The decode rows run last and each is skipped once the run has used --budget-s, so the table prints in time.
 GPU_SIZES = dict(merge=(8, 512), decode=((1, 1024), (64, 512)), seq=4096)
 CPU_SIZES = dict(merge=(4, 96), decode=((1, 256), (64, 128)), seq=512)
 
 
-def shaped_model_rows(device: torch.device, cpu: bool, emit=lambda rows: None, dtype: str | None = None) -> list[Row]:
+def shaped_model_rows(
+    device: torch.device,
+    cpu: bool,
+    emit=lambda rows: None,
+    dtype: str | None = None,
+    over_budget=lambda: False,
+) -> list[Row]:
     from components.models.tags import add_tag_tokens
     from components.models.tiny import tiny_test_world
     from components.parallel import TagIds
@@ -537,17 +545,24 @@ def shaped_model_rows(device: torch.device, cpu: bool, emit=lambda rows: None, d
     model.eval()
     rows += exact_merge_rows(model, tok, tags, *sizes["merge"])
     emit(rows)
-    for batch, new_tokens in sizes["decode"]:
-        rows += decode_rows(model, tok, tags, new_tokens, batch)
-        emit(rows)
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
     model.train()
     try:
         rows += training_rows(model, tok, tags, name, sizes["seq"], device)
     except torch.OutOfMemoryError as err:  # the table so far still prints, with the planner's view of it
         rows.append((f"SFT step / PAPO update ({name}, {sizes['seq']} tokens)", "out of memory", "",
                      str(err).splitlines()[0][:300]))  # fmt: skip
+    emit(rows)
+    model.gradient_checkpointing_disable()
+    model.eval()
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    for batch, new_tokens in sizes["decode"]:
+        if over_budget():
+            rows.append((f"decode, batch {batch} x {new_tokens} new tokens", "skipped", "", "--budget-s used up"))
+            continue
+        rows += decode_rows(model, tok, tags, new_tokens, batch)
+        emit(rows)
     return rows
 
 
@@ -564,6 +579,12 @@ def main(argv: list[str] | None = None) -> int:
         "--dtype",
         choices=("float32", "bfloat16"),
         help="the shaped model's weights (default bfloat16 on a GPU, float32 with --cpu)",
+    )
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=360.0,
+        help="seconds after which the remaining decode rows are skipped (default 360: the node allows 8 min)",
     )
     parser.add_argument("--out", type=Path, help="also write the table (markdown) and rows (json) here")
     parser.add_argument(
@@ -607,7 +628,9 @@ def main(argv: list[str] | None = None) -> int:
     if stages:
         rows += run_tiny_stages(device, args.cpu, stages)
         emit(rows)
-    rows += shaped_model_rows(device, args.cpu, emit, args.dtype)
+    rows += shaped_model_rows(
+        device, args.cpu, emit, args.dtype, lambda: time.perf_counter() - started > args.budget_s
+    )
     print(emit(rows, final=True))
     with contextlib.suppress(Exception):
         torch.cuda.empty_cache()
