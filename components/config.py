@@ -226,10 +226,23 @@ def _generation_lengths(cfg: PipelineConfig) -> dict[str, int]:
 
 
 def _merge_problems(cfg: PipelineConfig) -> list[str]:
-    """Under ``reread`` every parallel decode must re-read its merges (``merge_mode: reprefill``): a shared-KV
-    merge would sample the ``isolated`` policy the checkpoints were not trained to be."""
+    """Under ``reread`` every parallel decode must re-read its merges (``merge_mode: reprefill``, no isolated-
+    merge plugin): a shared-KV merge would sample the ``isolated`` policy the checkpoints were not trained to be."""
     if cfg.merge_semantics != "reread":
         return []
+    plugin = [
+        key
+        for key, gen in (
+            ("distill.generation", cfg.distill.generation),
+            ("evaluate.generation", cfg.evaluate.generation),
+        )
+        if gen.sglang_isolated_merge
+    ]
+    if plugin:
+        return [
+            f"merge_semantics 'reread' cannot be served by SGLang's isolated-merge plugin: set "
+            f"{', '.join(k + '.sglang_isolated_merge' for k in plugin)} to false"
+        ]
     modes = {
         f"{s}.merge_mode": getattr(cfg, s).merge_mode
         for s in RL_STAGES

@@ -85,3 +85,16 @@ def test_reread_semantics_refuses_a_shared_kv_decode():
 
     with pytest.raises((UserError, ValueError), match="papo_rl.merge_mode"):
         load_config(profile="tiny", overrides=["merge_semantics=reread"])
+
+
+def test_reread_semantics_refuses_the_isolated_merge_plugin():
+    from components.errors import UserError
+
+    reread = [
+        "merge_semantics=reread",
+        *(f"{k}=reprefill" for k in ("papo_rl.merge_mode", "evaluate.generation.merge_mode", "pr1_rl.merge_mode")),
+    ]
+    load_config(profile="tiny", overrides=reread)  # consistent: loads
+    plugin = ["evaluate.generation.backend=sglang", "evaluate.generation.sglang_isolated_merge=true"]
+    with pytest.raises((UserError, ValueError), match="evaluate.generation.sglang_isolated_merge"):
+        load_config(profile="tiny", overrides=[*reread, *plugin])

@@ -140,8 +140,19 @@ def test_rollouts_fork_and_merge_and_branch_logprobs_match_the_trainer(warm_worl
                 continue
             (post_diffs if after[i] else branch_diffs).append(abs(lp - float(trainer[b, i])))
     assert branch_diffs and max(branch_diffs) <= 1e-4
-    # after a re-prefilled merge the server read the branches sequentially: not the trainer's context
+    # after a re-prefilled merge the server read the branches sequentially: not the isolated trainer's context
     assert post_diffs and max(post_diffs) > 1e-3
+    # ... but exactly the context of the trainer under reread semantics: every token, post-merge included
+    reread = build_policy_batch(rollouts, tok.pad_token_id, tags, "reread")
+    with torch.no_grad():
+        trainer_rr, _ = response_log_probs(model, reread)
+    rr_diffs = [
+        abs(lp - float(trainer_rr[b, i]))
+        for b, o in enumerate(forked)
+        for i, lp in enumerate(o.response_logprobs)
+        if math.isfinite(lp)
+    ]
+    assert len(rr_diffs) == len(branch_diffs) + len(post_diffs) and max(rr_diffs) <= 1e-4
 
 
 def test_a_structurally_invalid_trace_is_dropped_and_counted_but_kept_for_validation(warm_world):
