@@ -19,7 +19,7 @@ both (``merge_mode``), so on one checkpoint, the same prompts and the same seed 
     .venv/bin/python benchmarks/bench_merge.py [--checkpoint artifacts/parallel_warmup/model] \\
         [--n 256] [--papo-steps 6] [--threshold 2.0] [--json out.json]
 
-Defaults: the tiny profile's trained NPR-Beta and its held-out problems (``artifacts/sample_orz/problems``);
+Defaults: the tiny profile's trained NPR-Beta and its validation problems (``artifacts/sample_orz/problems``);
 synthetic problems when that directory is absent.
 """
 
@@ -80,12 +80,13 @@ def decode(backend: str, model: Any, tok: Any, prompts: list[str], cfg: Any, tag
 
 
 def _prompts(cfg: Any, tokenizer: Any, problems_dir: Path, n: int, seed: int) -> tuple[list[str], list[dict]]:
-    from components.data.problems import load_problems
+    from components.data.problems import load_tuning_split
     from components.data.synthetic import generate_problems
     from components.prompts import render_prompt
 
     try:
-        problems = load_problems(problems_dir, "test")
+        # the validation split: these numbers choose settings, so the test split stays unread
+        problems = load_tuning_split(problems_dir)[1]
     except FileNotFoundError:
         problems = generate_problems(n, seed=seed + 1)
     problems = problems[:n]
@@ -188,7 +189,7 @@ def papo_run(
     """A short local PAPO run from ``checkpoint`` (the tiny profile's papo_rl recipe, ``steps`` steps)."""
     import tempfile
 
-    from components.data.problems import load_problems
+    from components.data.problems import load_problems, load_tuning_split
     from components.data.synthetic import generate_problems
     from components.models.loading import load_model
     from components.training.rl import RLTrainer
@@ -205,7 +206,7 @@ def papo_run(
     run_cfg = cfg.model_copy(update={"papo_rl": sc})
     run_cfg.tracking.mode = "disabled"
     try:
-        train, test = load_problems(problems_dir, "train"), load_problems(problems_dir, "test")
+        train, test = load_problems(problems_dir, "train"), load_tuning_split(problems_dir)[1]
     except FileNotFoundError:
         ps = generate_problems(600, seed=seed + 2)
         train, test = ps[:400], ps[400:]
