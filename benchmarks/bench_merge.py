@@ -74,7 +74,8 @@ def decode(backend: str, model: Any, tok: Any, prompts: list[str], cfg: Any, tag
         "tp_size": 1, "context_length": 4096, "random_seed": 0, "enable_deterministic_inference": True,
         "env": {"SGLANG_RETURN_ORIGINAL_LOGPROB": "1", "PYTHONPATH": str(ROOT)},
     }))  # fmt: skip
-    server_cfg = cfg.model_copy(update={"backend": "sglang", "server_spec": str(spec)})
+    # the stand-in serves one request per thread: a few in flight (it is a protocol model, not a server)
+    server_cfg = cfg.model_copy(update={"backend": "sglang", "server_spec": str(spec), "batch_size": 8})
     with launched(checkpoint, server_cfg, tmp) as url:
         return generate(None, tok, prompts, server_cfg.model_copy(update={"server_url": url}), tags)
 

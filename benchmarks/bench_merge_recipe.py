@@ -61,16 +61,19 @@ def _npr(work: Path, args: list[str], sets: list[str], log: Path) -> float:
 
 
 def _workspace(source: Path, scratch: Path, arm: str, beta_from: Path | None) -> Path:
+    """The arm's workspace; an existing one (``--keep`` of an earlier run) is reused: its finished stages
+    report their recorded runs and an interrupted one resumes from its checkpoint."""
     work = scratch / arm
-    work.mkdir(parents=True)
-    for name in LINKED:
-        (work / name).symlink_to(ROOT / name)
-    shutil.copy(source / "params.yaml", work / "params.yaml")
-    (work / "artifacts").mkdir()
-    for stage in UPSTREAM:
-        (work / "artifacts" / stage).symlink_to((source / "artifacts" / stage).resolve())
+    (work / "artifacts").mkdir(parents=True, exist_ok=True)
+    links = {work / name: ROOT / name for name in LINKED}
+    links.update({work / "artifacts" / s: (source / "artifacts" / s).resolve() for s in UPSTREAM})
     if beta_from is not None:
-        (work / "artifacts" / "parallel_warmup").symlink_to(beta_from.resolve())
+        links[work / "artifacts" / "parallel_warmup"] = beta_from.resolve()
+    for link, target in links.items():
+        if not link.is_symlink():
+            link.symlink_to(target)
+    if not (work / "params.yaml").exists():
+        shutil.copy(source / "params.yaml", work / "params.yaml")
     return work
 
 
@@ -146,7 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--served", action="store_true", help="also the isolated-served arm")
     parser.add_argument("--papo-steps", type=int, default=8)
     parser.add_argument("--k", type=int, default=1, help="samples per validation problem")
-    parser.add_argument("--keep", type=Path, default=None, help="keep the scratch workspaces here")
+    parser.add_argument(
+        "--keep", type=Path, default=None, help="keep the scratch workspaces here (a rerun reuses them)"
+    )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     source = args.source.resolve()

@@ -388,10 +388,12 @@ def _throughput(
 def speedup_problems(
     problems: Mapping[str, Sequence[Mapping[str, Any]]], specs: Sequence[BenchmarkSpec], ecfg: EvaluateConfig
 ) -> list[Mapping[str, Any]]:
-    """The problems the speedup decode uses: ``speedup.benchmark``'s (else every non-smoke benchmark's),
+    """The problems the speedup decode uses: ``speedup.benchmark``'s when it is evaluated (else every
+    non-smoke benchmark's: ``npr eval`` of a user's file under a profile that names its own benchmark),
     the first ``speedup.max_problems`` of them."""
     sp = ecfg.speedup
-    names = [sp.benchmark] if sp.benchmark else [s.name for s in specs if not s.smoke]
+    own = sp.benchmark is not None and sp.benchmark in problems
+    names = [sp.benchmark] if own else [s.name for s in specs if not s.smoke]
     chosen = [p for name in names if name in problems for p in problems[name]]
     return chosen[: sp.max_problems] if sp.max_problems else chosen
 

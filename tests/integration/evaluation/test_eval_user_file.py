@@ -18,7 +18,7 @@ from components.dag import StageIO
 REPO = Path(__file__).resolve().parents[3]
 N_PROBLEMS = 3
 FAST = [
-    "--set", "evaluate.measure_speedup=false",
+    "--set", "evaluate.measure_speedup=false",  # first: the parallel test below drops it
     "--set", "evaluate.generation.max_new_tokens=12",
     "--set", "grading.workers=1",
     "--set", "run.torch_threads=1",
@@ -87,6 +87,25 @@ def test_a_user_jsonl_is_scored_like_the_registered_benchmark(
         assert user_metrics["mine"][key] == reg_metrics["tiny_test"][key], key
     report = (tmp_path / "user" / "report" / "report.md").read_text(encoding="utf-8")
     assert "mine (avg@1)" in report
+
+
+@pytest.mark.slow
+def test_a_user_file_in_parallel_mode_is_its_own_speedup_benchmark(
+    world: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, in_repo: Path
+) -> None:
+    """The profile's speedup benchmark (tiny_test) is not evaluated here: the speedup decode uses the
+    user's file instead of failing with no problems."""
+    from components.evaluation import adhoc
+
+    monkeypatch.setattr(adhoc, "stage_io", lambda stage: world["io"])
+    args = ["eval", "--checkpoint", str(world["root"] / "seed" / "model"), "--benchmarks",
+            str(world["root"] / "mine.jsonl"), "--problem-field", "question", "--answer-field", "solution",
+            "--k", "1", "--mode", "parallel", "--out", str(tmp_path / "par"), "--json",
+            *FAST[2:], "--set", "evaluate.speedup.benchmark=tiny_test", "--set", "evaluate.speedup.checkpoints=[seed]"]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, (result.output, result.exception)
+    ckpt = read_json(tmp_path / "par" / "metrics.json")["checkpoints"]["seed"]
+    assert ckpt["speedup"]["n_problems"] == N_PROBLEMS
 
 
 def _one_line_exit_2(result: Any, *needles: str) -> None:
