@@ -258,6 +258,11 @@ def decode_stages() -> tuple[str, ...]:
     return sections_of((DistillConfig, EvaluateConfig))
 
 
+def model_stages() -> tuple[str, ...]:
+    """The stages that write a model (``artifacts/<stage>/model``): seed and every SFT and RL stage."""
+    return sections_of((SeedConfig, SFTStageConfig, RLStageConfig))
+
+
 def parallel_r1_stages() -> tuple[str, ...]:
     """The Parallel-R1 recipe's stages, whose checkpoints decode and are prompted per ``parallel_r1``."""
     return sections_of((PR1ColdStartConfig, PR1RLConfig))
