@@ -47,21 +47,18 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 DEFAULT_SGLANG_SPEC = "infra/sglang/server.yaml"
 
 
-# A stage's plan follows its section's type (components.config's stage table), not a list of names.
-def _is_rl(cfg: Any, stage: str) -> bool:
-    return isinstance(getattr(cfg, stage, None), RLStageConfig)
+# A stage's plan follows its section's type (components.config's stage table), not a list of names: the
+# section is looked up once and dispatched on.
+def _section(cfg: Any, stage: str) -> Any:
+    return getattr(cfg, stage, None)
 
 
-def _is_sft(cfg: Any, stage: str) -> bool:
-    return isinstance(getattr(cfg, stage, None), SFTStageConfig)
+def _uses_verl(section: Any) -> bool:
+    return isinstance(section, RLStageConfig) and section.backend == "verl"
 
 
-def _is_decode(cfg: Any, stage: str) -> bool:
-    return isinstance(getattr(cfg, stage, None), (DistillConfig, EvaluateConfig))
-
-
-def _uses_verl(cfg: Any, stage: str) -> bool:
-    return _is_rl(cfg, stage) and getattr(cfg, stage).backend == "verl"
+def _serves_with_sglang(section: Any) -> bool:
+    return isinstance(section, (DistillConfig, EvaluateConfig)) and section.generation.backend == "sglang"
 
 
 def _length_setting(stage: str) -> str:
@@ -286,7 +283,8 @@ def compute_dtype_bytes(cfg: Any) -> int:
 def prompt_bound(cfg: Any, stage: str = "npr_zero") -> int:
     """Tokens a prompt of ``stage`` may have: an RL stage's own ``verl.max_prompt_length`` (verl refuses
     longer ones), else NPR-Zero's (distillation and evaluation prompt the same way)."""
-    section = getattr(cfg, stage) if _is_rl(cfg, stage) else cfg.npr_zero
+    section = _section(cfg, stage)
+    section = section if isinstance(section, RLStageConfig) else cfg.npr_zero
     return section.verl.max_prompt_length
 
 
@@ -508,19 +506,20 @@ def plan_stage(stage: str, cfg: Any, model_dir: str | Path | None = None, gpu: A
     """The memory plan of ``stage`` (empty when the stage uses no GPU: data stages, or a CPU profile's)."""
     gpu = gpu or cfg.orchestration.gpu
     shape = model_shape(cfg, model_dir)
-    if isinstance(getattr(cfg, stage, None), SeedConfig):
-        trains = cfg.models.base_model == "tiny" and cfg.seed.enabled and cfg.seed.steps > 0
+    section = _section(cfg, stage)
+    if isinstance(section, SeedConfig):
+        trains = cfg.models.base_model == "tiny" and section.enabled and section.steps > 0
         return [_sft_plan(stage, cfg, shape)] if trains and uses_gpu(cfg) else []
-    if _is_sft(cfg, stage):
+    if isinstance(section, SFTStageConfig):
         return [_sft_plan(stage, cfg, shape)] if uses_gpu(cfg) else []
-    if _is_rl(cfg, stage):
-        sc = getattr(cfg, stage)
+    if isinstance(section, RLStageConfig):
+        sc = section
         if sc.backend == "verl":
             # verl on the CPU platform (tiny) holds no device memory to plan
             return [] if sc.verl.device == "cpu" else _verl_plans(stage, cfg, shape, gpu)
         return _local_rl_plans(stage, cfg, shape) if uses_gpu(cfg) else []
-    if _is_decode(cfg, stage):
-        gen = getattr(cfg, stage).generation
+    if isinstance(section, (DistillConfig, EvaluateConfig)):
+        gen = section.generation
         return _decode_plans(stage, cfg, shape, gpu) if gen.backend == "sglang" or uses_gpu(cfg) else []
     return []
 
@@ -530,8 +529,9 @@ def gpus_for(stage: str, cfg: Any) -> int:
     stages, a hub seed (it only materialises the model), a verl stage on the CPU platform and a verl stage
     attached to a running Ray cluster (the cluster has the GPUs); a verl stage that starts its own Ray head
     needs its node's GPUs."""
-    if _uses_verl(cfg, stage):
-        v = getattr(cfg, stage).verl
+    section = _section(cfg, stage)
+    if _uses_verl(section):
+        v = section.verl
         return 0 if v.ray_address or v.device == "cpu" else v.n_gpus_per_node
     plans = plan_stage(stage, cfg)
     return max((p.gpus for p in plans), default=0)
@@ -596,9 +596,8 @@ def check_before_run(stage: str, cfg: Any, io: Any) -> None:
     got (a local CUDA run) or the declared ones (verl and SGLang stages, whose GPUs are a cluster's)."""
     import torch
 
-    external = _uses_verl(cfg, stage) or (
-        _is_decode(cfg, stage) and getattr(cfg, stage).generation.backend == "sglang"
-    )
+    section = _section(cfg, stage)
+    external = _uses_verl(section) or _serves_with_sglang(section)
     device = None
     if not external:
         if not uses_gpu(cfg) or not torch.cuda.is_available():
