@@ -48,7 +48,9 @@ def _setting_defaults(tree: ast.Module) -> set[int]:
         for cls in tree.body
         if isinstance(cls, ast.ClassDef)
         for stmt in cls.body
-        if isinstance(stmt, ast.AnnAssign) and stmt.value is not None
+        if isinstance(stmt, ast.AnnAssign)
+        and stmt.value is not None
+        and "ClassVar" not in ast.unparse(stmt.annotation)  # a class constant is a table, not a setting
     }
 
 
@@ -62,7 +64,7 @@ def stage_name_lists(root: Path, stages: set[str]) -> list[str]:
                 continue
             tree = ast.parse(path.read_text(), filename=str(rel))
             settings = _setting_defaults(tree) if path.name == "config.py" else set()
-            for node in ast.walk(tree):
+            for node in sorted(ast.walk(tree), key=lambda n: getattr(n, "lineno", 0)):
                 if id(node) in settings:
                     continue
                 if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
@@ -108,13 +110,17 @@ def test_the_check_flags_a_literal_list(tmp_path: Path) -> None:
     source = 'A = ("seed", "npr_zero")\nB = {"seed": 1, "evaluate": 2}\n'
     (tmp_path / "components" / "x.py").write_text(source)
     # a config field's default is a setting; a module-level list in a config module is a table
-    setting = 'class C:\n    checkpoints: list[str] = ["seed", "npr_zero"]\nT = ["seed", "npr_zero"]\n'
+    setting = (
+        'class C:\n    checkpoints: list[str] = ["seed", "npr_zero"]\n'
+        '    S: ClassVar[tuple] = ("seed", "npr_zero")\nT = ["seed", "npr_zero"]\n'
+    )
     (tmp_path / "components" / "config.py").write_text(setting)
     (tmp_path / "components" / "stages").mkdir()
     (tmp_path / "components" / "stages" / "y.py").write_text('A = ("seed", "npr_zero")\n')
     found = stage_name_lists(tmp_path, {"seed", "npr_zero", "evaluate"})
     assert found == [
         "components/config.py:3: seed, npr_zero",
+        "components/config.py:4: seed, npr_zero",
         "components/x.py:1: seed, npr_zero",
         "components/x.py:2: seed, evaluate",
     ]
