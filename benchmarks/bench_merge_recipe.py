@@ -33,8 +33,17 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from components.dag import ancestors, branch_order, chain_to, load_stages  # noqa: E402
+
 LINKED = ("dvc.yaml", "configs", "prompts", "components", "flows", "eval", "models")
-UPSTREAM = ("sample_orz", "seed", "reject_filter")
+# The arms train the NPR branch (NPR-Beta's SFT, then PAPO: the stages of papo_rl's chain that NPR-Beta's
+# inputs do not already need) from the workspace's artifacts of the stages that branch reads; both from
+# dvc.yaml, so a renamed or added input moves with it.
+_SPECS = load_stages(ROOT / "dvc.yaml")
+TRAINED = [s for s in chain_to("papo_rl", ROOT / "dvc.yaml") if s not in ancestors(_SPECS, "parallel_warmup")]
+UPSTREAM = [s for s in branch_order(_SPECS) if s not in TRAINED and any(s in _SPECS[t].upstream for t in TRAINED)]
 PARALLEL_DECODES = ("papo_rl.merge_mode", "evaluate.generation.merge_mode", "pr1_rl.merge_mode")
 ARMS: dict[str, list[str]] = {
     "isolated": ["merge_semantics=isolated"],
@@ -136,7 +145,7 @@ def run_arm(arm: str, source: Path, scratch: Path, bench: Path, args: argparse.N
     papo = json.loads((work / "artifacts" / "papo_rl" / "metrics.json").read_text())
     result["papo_final"] = {k: papo.get(f"final/{k}") for k in ("accuracy", "format_valid", "parallel_rate")}
     result["correction"] = _papo_log(work)
-    for name in ("parallel_warmup", "papo_rl"):
+    for name in TRAINED:
         result[name] = _eval(work, name, bench, args.k, sets, log)
     return result
 

@@ -28,7 +28,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from components.config import load_config  # noqa: E402
+from components.config import load_config, rl_stages  # noqa: E402
 from components.data import synthetic  # noqa: E402
 from components.models.tiny import build_tiny_model, train_tokenizer  # noqa: E402
 from components.models.tiny_seed import SeedSource, tokenizer_corpus  # noqa: E402
@@ -154,7 +154,11 @@ def main() -> None:
     cfg = load_config(profile="tiny")
     tok = train_tokenizer(tokenizer_corpus(cfg), cfg.models.tiny.tokenizer_vocab_size, cfg.schema_name)
     sft_steps(cfg, tok, args.repeats)
-    for stage in ("npr_zero", "papo_rl"):
+    # one RL stage per rollout layout (causal DAPO rows: NPR-Zero; parallel PAPO rows: PAPO), the first of each
+    one_per_mode: dict[str, str] = {}
+    for stage in rl_stages():
+        one_per_mode.setdefault(getattr(cfg, stage).engine_mode, stage)
+    for stage in one_per_mode.values():
         rl_updates(cfg, tok, args.repeats, stage)
 
 

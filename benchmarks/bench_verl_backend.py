@@ -26,9 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from components.config import dump_yaml, load_config  # noqa: E402
-
-INIT_FROM = {"npr_zero": "seed", "papo_rl": "parallel_warmup", "sr_rl": "sequential_warmup", "pr1_rl": "pr1_coldstart"}
+from components.config import dump_yaml, load_config, rl_stages  # noqa: E402
 
 
 def make_repo(root: Path, stage: str, backend: str, extra: list[str], problems: Path | None) -> Path:
@@ -44,7 +42,9 @@ def make_repo(root: Path, stage: str, backend: str, extra: list[str], problems: 
         run(root, "sample_orz")
     else:
         shutil.copytree(problems, root / "artifacts" / "sample_orz" / "problems")
-    shutil.copytree(REPO / "models" / "tiny-instruct", root / "artifacts" / INIT_FROM[stage] / "model")
+    # the committed seed stands in for the model the stage starts from (its own init_from)
+    init_from = getattr(cfg, stage).init_from
+    shutil.copytree(REPO / "models" / "tiny-instruct", root / "artifacts" / init_from / "model")
     return root
 
 
@@ -63,7 +63,7 @@ def run(root: Path, stage: str) -> tuple[float, dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--stage", default="npr_zero", choices=sorted(INIT_FROM))
+    parser.add_argument("--stage", default="npr_zero", choices=sorted(rl_stages()))
     parser.add_argument("--steps", type=int, default=None, help="training steps (default: the tiny profile's)")
     parser.add_argument("--repeats", type=int, default=1)
     args = parser.parse_args()

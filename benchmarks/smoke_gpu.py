@@ -58,6 +58,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -86,19 +87,18 @@ def _metric_text(metrics: dict, *keys: str) -> str:
 
 
 # ------------------------------------------------------------------------------------------ part 1
-STAGES = [
-    "sample_orz",
-    "seed",
-    "npr_zero",
-    "distill",
-    "reject_filter",
-    "parallel_warmup",
-    "papo_rl",
-    "evaluate",
-]
+def tiny_chain() -> list[str]:
+    """Part 1's stages: the NPR branch up to PAPO in dvc.yaml's order (components.dag), then evaluate. Read
+    only for part 1: the node runs part 2 without the project's config dependencies."""
+    from components.dag import chain_to
+
+    return [*chain_to("papo_rl", ROOT / "dvc.yaml"), "evaluate"]
 
 
 def stage_overrides(device: str, dtype: str, cpu: bool) -> list[str]:
+    from components.config import model_stages, rl_stages
+
+    chain = tiny_chain()
     few = {
         f"run.device={device}",
         f"run.dtype={dtype}",
@@ -118,11 +118,12 @@ def stage_overrides(device: str, dtype: str, cpu: bool) -> list[str]:
         "reject_filter.min_acceptance_rate=0.0",
         "parallel_warmup.max_steps=2",
         "parallel_warmup.batch_size=4",
-        "evaluate.checkpoints=[seed,npr_zero,parallel_warmup,papo_rl]",
-        "evaluate.parallel_checkpoints=[parallel_warmup,papo_rl]",
+        # the chain's checkpoints, the ones trained with the parallel layout decoding in parallel
+        f"evaluate.checkpoints=[{','.join(s for s in chain if s in model_stages())}]",
+        "evaluate.parallel_checkpoints=[" + ",".join(_parallel_checkpoints(chain)) + "]",
         "evaluate.benchmarks=[{name: tiny_test, n_samples: 1, k: 1, max_problems: 8}]",
     }
-    for rl in ("npr_zero", "papo_rl"):
+    for rl in (s for s in chain if s in rl_stages()):  # the chain's RL stages, one short step each
         few |= {
             f"{rl}.steps=1",
             f"{rl}.prompts_per_step=2",
@@ -168,6 +169,36 @@ def _synthetic_accepted(cfg, directory: Path) -> int:
     return len(rows)
 
 
+def _parallel_checkpoints(chain: list[str]) -> list[str]:
+    """The tiny profile's parallel-decoding checkpoints that the chain trains."""
+    from components.config import load_config
+
+    return [s for s in load_config(profile="tiny").evaluate.parallel_checkpoints if s in chain]
+
+
+def _stage_detail(section: Any, metrics: dict) -> str:
+    """A stage row's note, by the stage's kind (its config section's type)."""
+    from components.engine.config import DistillConfig, RejectFilterConfig
+    from components.models.config import SeedConfig
+    from components.training.config import RLStageConfig, SFTStageConfig
+
+    if isinstance(section, SeedConfig):
+        return _metric_text(metrics, "steps", "final_loss", "accuracy", "format_valid")
+    if isinstance(section, RLStageConfig):
+        # a parallel RL stage's telling number is the rollouts its structural filter kept; a sequential
+        # one's, how many answers are well formed
+        if section.engine_mode == "parallel":
+            return f"rollouts {metrics.get('train/rollouts_trained', 0):.0f}"
+        return f"format-valid {metrics.get('final/format_valid', 0):.2f}"
+    if isinstance(section, DistillConfig):
+        return f"{metrics.get('trajectories', metrics.get('n_trajectories', '?'))} trajectories"
+    if isinstance(section, RejectFilterConfig):
+        return f"accepted {metrics.get('accepted', '?')}"
+    if isinstance(section, SFTStageConfig):
+        return _metric_text(metrics, "steps", "final_loss")
+    return ""
+
+
 def run_tiny_stages(device: torch.device, cpu: bool, stages: list[str]) -> list[Row]:
     from components.config import materialise_profile
     from components.stages import run_stage
@@ -194,14 +225,7 @@ def run_tiny_stages(device: torch.device, cpu: bool, stages: list[str]) -> list[
                     metrics = {"accepted": _synthetic_accepted(cfg, accepted)}
                     note = f"{err}; the warmup trains on {metrics['accepted']} synthetic parallel solutions"
             wall = time.perf_counter() - start
-            detail = {
-                "seed": lambda m: _metric_text(m, "steps", "final_loss", "accuracy", "format_valid"),
-                "npr_zero": lambda m: f"format-valid {m.get('final/format_valid', 0):.2f}",
-                "distill": lambda m: f"{m.get('trajectories', m.get('n_trajectories', '?'))} trajectories",
-                "reject_filter": lambda m: f"accepted {m.get('accepted', '?')}",
-                "parallel_warmup": lambda m: _metric_text(m, "steps", "final_loss"),
-                "papo_rl": lambda m: f"rollouts {m.get('train/rollouts_trained', 0):.0f}",
-            }.get(stage, lambda m: "")(metrics)
+            detail = _stage_detail(getattr(cfg, stage), metrics)
             rows.append(
                 (
                     f"stage {stage} on {device.type}",
@@ -591,7 +615,8 @@ def main(argv: list[str] | None = None) -> int:
         "--stages",
         default="",
         help="part 1: the first stages of the tiny chain to run, comma-separated (a prefix of "
-        f"{','.join(STAGES)}; default none: they need the project's whole environment)",
+        "dvc.yaml's NPR branch to papo_rl, then evaluate; default none: they need the project's whole "
+        "environment)",
     )
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -605,8 +630,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         parser.error("no CUDA device: run with --cpu")
     stages = [x for x in args.stages.split(",") if x]
-    if stages != STAGES[: len(stages)]:
-        parser.error(f"--stages must be a prefix of {','.join(STAGES)}")
+    if stages and stages != tiny_chain()[: len(stages)]:
+        parser.error(f"--stages must be a prefix of {','.join(tiny_chain())}")
     started = time.perf_counter()
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     name += f"; torch {torch.__version__}, python {sys.version.split()[0]}"

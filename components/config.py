@@ -43,8 +43,6 @@ CONFIGS_DIR = Path("configs")
 PARAMS_FILE = Path("params.yaml")
 PREFECT_FILE = Path("prefect.yaml")
 GPU_STAGE_DEPLOYMENT = "npr-stage"  # the deployment gpu stages are dispatched to (flows/pipeline.py)
-RL_STAGES = ("npr_zero", "papo_rl", "sr_rl", "pr1_rl")
-SFT_STAGES = ("parallel_warmup", "sequential_warmup", "pr1_coldstart")
 
 
 class ConfigError(UserError, ValueError):
@@ -166,13 +164,13 @@ class PipelineConfig(StrictModel):
                 }
             ),
         )
-        listed = sorted(set(self.evaluate.parallel_checkpoints) & set(pr1.STAGES))
+        listed = sorted(set(self.evaluate.parallel_checkpoints) & set(parallel_r1_stages()))
         if listed:
             raise ValueError(
                 f"evaluate.parallel_checkpoints lists {listed}: the Parallel-R1 checkpoints decode as "
                 "parallel_r1.attention says (unseen: parallel, seen: sequential); remove them there"
             )
-        overridden = sorted(set(self.evaluate.prompt_style_overrides) & set(pr1.STAGES))
+        overridden = sorted(set(self.evaluate.prompt_style_overrides) & set(parallel_r1_stages()))
         if overridden:
             raise ValueError(
                 f"evaluate.prompt_style_overrides names {overridden}: the Parallel-R1 checkpoints are always "
@@ -196,24 +194,82 @@ class PipelineConfig(StrictModel):
     def decode_mode_of(self, checkpoint: str) -> Literal["parallel", "sequential"]:
         """How ``evaluate`` decodes a checkpoint: the Parallel-R1 ones per ``parallel_r1.attention``, the
         others per ``evaluate.parallel_checkpoints``."""
-        if checkpoint in self.parallel_r1.STAGES:
+        if checkpoint in parallel_r1_stages():
             return self.parallel_r1.mode
         return self.evaluate.mode_for(checkpoint)
 
     def prompt_style_of(self, checkpoint: str) -> str:
         """The instruction ``evaluate`` prompts a checkpoint with (its training instruction)."""
-        if checkpoint in self.parallel_r1.STAGES:
+        if checkpoint in parallel_r1_stages():
             return self.parallel_r1.PROMPT_STYLE
         return self.evaluate.prompt_style_for(checkpoint)
 
     def engine_settings_of(self, checkpoint: str) -> dict[str, Any]:
         """Extra engine settings of a checkpoint's decoding (Parallel-R1's paths per block), else none."""
-        return self.parallel_r1.engine_settings() if checkpoint in self.parallel_r1.STAGES else {}
+        return self.parallel_r1.engine_settings() if checkpoint in parallel_r1_stages() else {}
 
     def section_hash(self, *keys: str) -> str:
         """Stable short hash of some top-level sections (used for stage fingerprints)."""
         payload = {k: self.model_dump(mode="json")[k] for k in keys}
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+# The stage table. Stage names live in dvc.yaml and in the sections of PipelineConfig above, nowhere else
+# (tests/unit/core/test_stage_table.py); a stage's kind is its section's type (PR1RLConfig is an
+# RLStageConfig), so a new RL stage is one field here and one entry in dvc.yaml.
+# The section types that are pipeline stages (the rest of PipelineConfig is shared settings).
+STAGE_SECTION_TYPES: tuple[type, ...] = (
+    SampleOrzConfig,
+    SeedConfig,
+    RLStageConfig,
+    DistillConfig,
+    RejectFilterConfig,
+    SFTStageConfig,
+    EvaluateConfig,
+)
+
+
+def sections_of(kind: type | tuple[type, ...]) -> tuple[str, ...]:
+    """The sections of PipelineConfig whose type is ``kind`` (or a subclass of it), in field order."""
+    return tuple(
+        name
+        for name, info in PipelineConfig.model_fields.items()
+        if isinstance(info.annotation, type) and issubclass(info.annotation, kind)
+    )
+
+
+def pipeline_stages() -> tuple[str, ...]:
+    """Every stage of the pipeline (dvc.yaml's stages), in the order the config declares them."""
+    return sections_of(STAGE_SECTION_TYPES)
+
+
+def rl_stages() -> tuple[str, ...]:
+    """The RL stages (an RLStageConfig section): the stages that run a local or verl RL trainer."""
+    return sections_of(RLStageConfig)
+
+
+def sft_stages() -> tuple[str, ...]:
+    """The SFT stages (an SFTStageConfig section); ``seed`` trains too, but by its own recipe."""
+    return sections_of(SFTStageConfig)
+
+
+def decode_stages() -> tuple[str, ...]:
+    """The stages that only sample from a model (their section has the engine's ``generation``)."""
+    return sections_of((DistillConfig, EvaluateConfig))
+
+
+def model_stages() -> tuple[str, ...]:
+    """The stages that write a model (``artifacts/<stage>/model``): seed and every SFT and RL stage."""
+    return sections_of((SeedConfig, SFTStageConfig, RLStageConfig))
+
+
+def parallel_r1_stages() -> tuple[str, ...]:
+    """The Parallel-R1 recipe's stages, whose checkpoints decode and are prompted per ``parallel_r1``."""
+    return sections_of((PR1ColdStartConfig, PR1RLConfig))
+
+
+RL_STAGES = rl_stages()
+SFT_STAGES = sft_stages()
 
 
 def _generation_lengths(cfg: PipelineConfig) -> dict[str, int]:

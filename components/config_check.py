@@ -32,23 +32,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from components.config import decode_stages, pipeline_stages, rl_stages
 from components.training import memory
 
-RL_STAGES = memory.RL_STAGES
-PIPELINE_STAGES = (
-    "sample_orz",
-    "seed",
-    "npr_zero",
-    "distill",
-    "reject_filter",
-    "parallel_warmup",
-    "sequential_warmup",
-    "papo_rl",
-    "sr_rl",
-    "pr1_coldstart",
-    "pr1_rl",
-    "evaluate",
-)
+# The stage table is the config's (components.config): stage names live in dvc.yaml and its sections only.
+RL_STAGES = rl_stages()
+PIPELINE_STAGES = pipeline_stages()
 
 
 @dataclass(frozen=True)
@@ -112,7 +101,7 @@ def _generating_stages(cfg: Any) -> list[tuple[str, int, str]]:
     out = [(s, getattr(cfg, s).max_new_tokens, f"{s}.max_new_tokens") for s in RL_STAGES]
     out += [
         (s, getattr(cfg, s).generation.max_new_tokens, f"{s}.generation.max_new_tokens")
-        for s in ("distill", "evaluate")
+        for s in decode_stages()
     ]
     if cfg.models.base_model == "tiny" and cfg.seed.enabled:
         out.append(("seed", cfg.seed.max_new_tokens, "seed.max_new_tokens"))
@@ -133,7 +122,7 @@ def check_context_length(cfg: Any) -> list[Check]:
                 f"the model's {shape.max_positions} positions"
             )
         server = None
-        if stage in ("distill", "evaluate") and getattr(cfg, stage).generation.backend == "sglang":
+        if stage in decode_stages() and getattr(cfg, stage).generation.backend == "sglang":
             spec = memory.sglang_spec(getattr(cfg, stage).generation)
             server = spec.get("context_length")
             if server is not None and int(server) < need:
@@ -333,7 +322,7 @@ def check_sglang_api_key(cfg: Any, root: Any = None) -> list[Check]:
 
     root = Path(root or ".")
     rows = []
-    for stage in ("distill", "evaluate"):
+    for stage in decode_stages():
         gen = getattr(cfg, stage).generation
         if gen.backend != "sglang":
             continue

@@ -148,6 +148,42 @@ def stage_order(path: Path = DVC_FILE) -> list[str]:
     return order
 
 
+def branch_order(specs: dict[str, StageSpec]) -> list[str]:
+    """A topological order that finishes a branch before it starts the next: of the stages ready to run,
+    the one downstream of the most recently placed stage comes first (ties: file order). On the NPR DAG:
+    ... reject_filter, parallel_warmup, papo_rl, sequential_warmup, sr_rl, pr1_coldstart, pr1_rl, evaluate:
+    the order reports list checkpoints in (a branch's SFT next to its RL)."""
+    names = list(specs)
+    ups = {n: [u for u in specs[n].upstream if u in specs] for n in names}
+    order: list[str] = []
+    while len(order) < len(names):
+        ready = [n for n in names if n not in order and all(u in order for u in ups[n])]
+        if not ready:
+            raise DagError(f"dvc.yaml's stages have a cycle among {sorted(set(names) - set(order))}")
+
+        def latest_upstream(n: str) -> int:
+            return max((order.index(u) for u in ups[n]), default=-1)
+
+        # max() keeps the first of equals, so file order breaks ties
+        order.append(max(ready, key=latest_upstream))
+    return order
+
+
+def model_stages(path: Path = DVC_FILE) -> list[str]:
+    """The stages that write a model (an ``artifacts/<stage>/model`` out), in ``branch_order``."""
+    specs = load_stages(path)
+    return [n for n in branch_order(specs) if f"{ARTIFACTS}/{n}/model" in specs[n].outs]
+
+
+def chain_to(stage: str, path: Path = DVC_FILE) -> list[str]:
+    """``stage`` and every stage it depends on, in ``branch_order``: what must run for ``stage`` to run."""
+    specs = load_stages(path)
+    if stage not in specs:
+        raise DagError(f"unknown stage {stage!r}; dvc.yaml has: {', '.join(specs)}")
+    needed = ancestors(specs, stage) | {stage}
+    return [n for n in branch_order(specs) if n in needed]
+
+
 def ancestors(specs: dict[str, StageSpec], stage: str) -> set[str]:
     """Every stage ``stage`` depends on, directly or through others."""
     seen: set[str] = set()

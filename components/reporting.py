@@ -25,6 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from components.artifacts import read_json, write_json
+from components.data.config import SampleOrzConfig
+from components.engine.config import DistillConfig, RejectFilterConfig
+from components.models.config import SeedConfig
+from components.training.config import RLStageConfig, SFTStageConfig
 
 Flat = dict[str, Any]  # metric name -> number (or a nested dict of numbers: DVC flattens it as a.b)
 
@@ -139,24 +143,33 @@ def checkpoint_summary(ckpt: Mapping[str, Any]) -> Flat:
     return out
 
 
-SUMMARIES: dict[str, Callable[[Mapping[str, Any]], Flat]] = {
-    "sample_orz": sample_orz_summary,
-    "seed": seed_summary,
-    "npr_zero": rl_summary,
-    "distill": distill_summary,
-    "reject_filter": reject_filter_summary,
-    "parallel_warmup": warmup_summary,
-    "sequential_warmup": warmup_summary,
-    "papo_rl": rl_summary,
-    "sr_rl": rl_summary,
-    "pr1_coldstart": warmup_summary,
-    "pr1_rl": rl_summary,
+# What each kind of stage reports, keyed by its section's type (components.config's stage table): a stage
+# is summarised by its kind (PR1RLConfig is an RLStageConfig), so no stage name is written here.
+SUMMARIES: dict[type, Callable[[Mapping[str, Any]], Flat]] = {
+    SampleOrzConfig: sample_orz_summary,
+    SeedConfig: seed_summary,
+    RLStageConfig: rl_summary,
+    DistillConfig: distill_summary,
+    RejectFilterConfig: reject_filter_summary,
+    SFTStageConfig: warmup_summary,
 }
+
+
+def summary_of(stage: str) -> Callable[[Mapping[str, Any]], Flat] | None:
+    """The summary function of ``stage``'s kind; None for a stage without one of its own (``evaluate``,
+    whose metrics are per checkpoint, or a name the config has no section for)."""
+    from components.config import PipelineConfig  # lazily: the config imports the whole settings tree
+
+    field = PipelineConfig.model_fields.get(stage)
+    kind = field.annotation if field is not None else None
+    if not isinstance(kind, type):
+        return None
+    return next((summarise for base, summarise in SUMMARIES.items() if issubclass(kind, base)), None)
 
 
 def stage_summary(stage: str, metrics: Mapping[str, Any]) -> Flat:
     """The flat metrics of one (single-file) stage, ``wall_time_s`` included."""
-    flat = SUMMARIES.get(stage, _scalars)(metrics)
+    flat = (summary_of(stage) or _scalars)(metrics)
     if (wall := _number(metrics.get("wall_time_s"))) is not None:
         flat["wall_time_s"] = wall
     return flat
@@ -296,7 +309,7 @@ def wandb_summary(
 ) -> dict[str, Any]:
     """The run summary of a stage: its flat metrics (evaluate: ``<checkpoint>/<metric>``) and
     ``rejected/<category>`` counts (``categories``)."""
-    if "checkpoints" in metrics and stage not in SUMMARIES:
+    if "checkpoints" in metrics and summary_of(stage) is None:
         flat = _flatten({name: checkpoint_summary(c) for name, c in metrics["checkpoints"].items()})
         if (wall := _number(metrics.get("wall_time_s"))) is not None:
             flat["wall_time_s"] = wall

@@ -57,23 +57,26 @@ class SpeedupConfig(StrictModel):
         return self.checkpoints is None or checkpoint in self.checkpoints
 
 
-# The pipeline stages that write a model (artifacts/<stage>/model), in the order the report lists them.
-MODEL_STAGES = (
-    "seed",
-    "npr_zero",
-    "parallel_warmup",
-    "papo_rl",
-    "sequential_warmup",
-    "sr_rl",
-    "pr1_coldstart",
-    "pr1_rl",
-)
+def _every_model_stage() -> list[str]:
+    """The default checkpoints: every stage that writes a model (``artifacts/<stage>/model`` in dvc.yaml), in
+    the order the report lists them (a branch's SFT next to its RL). Read when a config leaves
+    ``evaluate.checkpoints`` out (the profiles name theirs), so dvc.yaml stays the one list."""
+    from components.dag import model_stages
+
+    return model_stages()
+
+
+def _model_stage_names() -> set[str]:
+    """The stages that write a model, by their section's type (components.config; it imports this module)."""
+    from components.config import model_stages
+
+    return set(model_stages())
 
 
 class EvaluateConfig(StrictModel):
     """Stage `evaluate` and `npr eval`: which checkpoints, which benchmarks, the pinned sampling settings."""
 
-    checkpoints: list[str] = list(MODEL_STAGES)
+    checkpoints: list[str] = Field(default_factory=_every_model_stage)
     parallel_checkpoints: list[str] = ["parallel_warmup", "papo_rl"]
     benchmarks: list[BenchmarkSpec] = []
     benchmark_dir: str = "data/benchmarks"
@@ -100,10 +103,10 @@ class EvaluateConfig(StrictModel):
         if unknown:
             raise ValueError(f"parallel_checkpoints {unknown} are not in checkpoints {self.checkpoints}")
         # Overrides may name a model stage left out of this run's checkpoints (narrowed with -S), not a typo.
-        unknown = sorted(set(self.prompt_style_overrides) - set(self.checkpoints) - set(MODEL_STAGES))
+        unknown = sorted(set(self.prompt_style_overrides) - set(self.checkpoints) - _model_stage_names())
         if unknown:
             raise ValueError(f"prompt_style_overrides {unknown} name neither a checkpoint nor a model stage")
-        unknown = sorted(set(self.speedup.checkpoints or ()) - set(self.checkpoints) - set(MODEL_STAGES))
+        unknown = sorted(set(self.speedup.checkpoints or ()) - set(self.checkpoints) - _model_stage_names())
         if unknown:
             raise ValueError(f"speedup.checkpoints {unknown} name neither a checkpoint nor a model stage")
         names = [b.name for b in self.benchmarks]

@@ -241,7 +241,6 @@ class ParallelR1Config(StrictModel):
 
     SCHEMA: ClassVar[str] = "parallel_r1"
     PROMPT_STYLE: ClassVar[str] = "parallel_r1"
-    STAGES: ClassVar[tuple[str, ...]] = ("pr1_coldstart", "pr1_rl")
 
     attention: Literal["unseen", "seen"] = "unseen"
     paths: int = Field(2, ge=2)

@@ -36,13 +36,40 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from components.engine.config import DistillConfig
+from components.evaluation.config import EvaluateConfig
+from components.models.config import SeedConfig
+from components.training.config import RLStageConfig, SFTStageConfig
 from components.training.token_logprobs import DEFAULT_CHUNK_TOKENS
 
 GIB = 2**30
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-RL_STAGES = ("npr_zero", "papo_rl", "sr_rl", "pr1_rl")
-SFT_STAGES = ("parallel_warmup", "sequential_warmup", "pr1_coldstart")
 DEFAULT_SGLANG_SPEC = "infra/sglang/server.yaml"
+
+
+# A stage's plan follows its section's type (components.config's stage table), not a list of names: the
+# section is looked up once and dispatched on.
+def _section(cfg: Any, stage: str) -> Any:
+    return getattr(cfg, stage, None)
+
+
+def _uses_verl(section: Any) -> bool:
+    return isinstance(section, RLStageConfig) and section.backend == "verl"
+
+
+def _serves_with_sglang(section: Any) -> bool:
+    return isinstance(section, (DistillConfig, EvaluateConfig)) and section.generation.backend == "sglang"
+
+
+def _length_setting(stage: str) -> str:
+    """The setting that bounds a training stage's sequences: SFT sections and seed train on ``max_length``
+    examples, RL ones on ``max_new_tokens`` rollouts (read from the section's declared type: no cfg here)."""
+    from components.config import PipelineConfig  # lazily: the config module is the heavier import
+
+    field = PipelineConfig.model_fields.get(stage)
+    kind = field.annotation if field is not None else None
+    trains_on_examples = isinstance(kind, type) and issubclass(kind, (SFTStageConfig, SeedConfig))
+    return "max_length" if trains_on_examples else "max_new_tokens"
 
 
 class MemoryPlanError(ValueError):
@@ -186,7 +213,7 @@ def training_activation_terms(
     w, tokens, h = dtype_bytes, fwd.tokens, shape.hidden
     per_layer = layer_activation_bytes(shape, w, fwd.masked)
     mask_per_layer = fwd.rows * fwd.seq_len**2 * w if fwd.masked else 0  # sdpa's float copy of the mask
-    length = f"{stage}.max_length" if stage in SFT_STAGES or stage == "seed" else f"{stage}.max_new_tokens"
+    length = f"{stage}.{_length_setting(stage)}"
     fix = f"{stage}.gradient_checkpointing: true, or lower {length}"
     # what a layer's backward holds beyond the activations it frees as it goes: about one MLP-wide and two
     # H-wide gradients per token (measured on the tiny model: tests/unit/training/test_memory.py)
@@ -256,7 +283,8 @@ def compute_dtype_bytes(cfg: Any) -> int:
 def prompt_bound(cfg: Any, stage: str = "npr_zero") -> int:
     """Tokens a prompt of ``stage`` may have: an RL stage's own ``verl.max_prompt_length`` (verl refuses
     longer ones), else NPR-Zero's (distillation and evaluation prompt the same way)."""
-    section = cfg.npr_zero if stage not in RL_STAGES else getattr(cfg, stage)
+    section = _section(cfg, stage)
+    section = section if isinstance(section, RLStageConfig) else cfg.npr_zero
     return section.verl.max_prompt_length
 
 
@@ -478,19 +506,20 @@ def plan_stage(stage: str, cfg: Any, model_dir: str | Path | None = None, gpu: A
     """The memory plan of ``stage`` (empty when the stage uses no GPU: data stages, or a CPU profile's)."""
     gpu = gpu or cfg.orchestration.gpu
     shape = model_shape(cfg, model_dir)
-    if stage == "seed":
-        trains = cfg.models.base_model == "tiny" and cfg.seed.enabled and cfg.seed.steps > 0
+    section = _section(cfg, stage)
+    if isinstance(section, SeedConfig):
+        trains = cfg.models.base_model == "tiny" and section.enabled and section.steps > 0
         return [_sft_plan(stage, cfg, shape)] if trains and uses_gpu(cfg) else []
-    if stage in SFT_STAGES:
+    if isinstance(section, SFTStageConfig):
         return [_sft_plan(stage, cfg, shape)] if uses_gpu(cfg) else []
-    if stage in RL_STAGES:
-        sc = getattr(cfg, stage)
+    if isinstance(section, RLStageConfig):
+        sc = section
         if sc.backend == "verl":
             # verl on the CPU platform (tiny) holds no device memory to plan
             return [] if sc.verl.device == "cpu" else _verl_plans(stage, cfg, shape, gpu)
         return _local_rl_plans(stage, cfg, shape) if uses_gpu(cfg) else []
-    if stage in ("distill", "evaluate"):
-        gen = getattr(cfg, stage).generation
+    if isinstance(section, (DistillConfig, EvaluateConfig)):
+        gen = section.generation
         return _decode_plans(stage, cfg, shape, gpu) if gen.backend == "sglang" or uses_gpu(cfg) else []
     return []
 
@@ -500,8 +529,9 @@ def gpus_for(stage: str, cfg: Any) -> int:
     stages, a hub seed (it only materialises the model), a verl stage on the CPU platform and a verl stage
     attached to a running Ray cluster (the cluster has the GPUs); a verl stage that starts its own Ray head
     needs its node's GPUs."""
-    if stage in RL_STAGES and getattr(cfg, stage).backend == "verl":
-        v = getattr(cfg, stage).verl
+    section = _section(cfg, stage)
+    if _uses_verl(section):
+        v = section.verl
         return 0 if v.ray_address or v.device == "cpu" else v.n_gpus_per_node
     plans = plan_stage(stage, cfg)
     return max((p.gpus for p in plans), default=0)
@@ -566,9 +596,8 @@ def check_before_run(stage: str, cfg: Any, io: Any) -> None:
     got (a local CUDA run) or the declared ones (verl and SGLang stages, whose GPUs are a cluster's)."""
     import torch
 
-    external = (stage in RL_STAGES and getattr(cfg, stage).backend == "verl") or (
-        stage in ("distill", "evaluate") and getattr(cfg, stage).generation.backend == "sglang"
-    )
+    section = _section(cfg, stage)
+    external = _uses_verl(section) or _serves_with_sglang(section)
     device = None
     if not external:
         if not uses_gpu(cfg) or not torch.cuda.is_available():

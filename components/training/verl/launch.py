@@ -66,7 +66,6 @@ PLUGIN_MODULE = PLUGIN_PACKAGE
 REWARD_FILE = "pkg://components.grading.verl_reward"
 REWARD_FUNCTION = "compute_score"
 VERL_ENTRY_MODULE = "verl.trainer.main_ppo"
-RL_STAGES = ("npr_zero", "papo_rl", "sr_rl", "pr1_rl")
 # attention implementations that honour the NPR actor's 4D mask (eager gets its additive form)
 PARALLEL_ATTENTION = ("sdpa", "flex_attention", "eager")
 # attention implementations verl's Ulysses sequence parallelism works with (it patches flash-attention only)
@@ -724,11 +723,13 @@ def validate_job(stage: str, cfg: Any) -> VerlJobCheck:
     estimator in verl's registries, the actor engine class by vendor key (``EngineRegistry``, device cuda),
     the agent loop class, the reward manager class and the reward function file (loaded and called once).
     """
-    from components.config import ConfigError
+    from components.config import ConfigError, rl_stages
+    from components.training.config import RLStageConfig
 
-    if stage not in RL_STAGES:
-        raise ConfigError(f"unknown RL stage {stage!r}; verl jobs exist for {', '.join(RL_STAGES)}")
-    stage_cfg = getattr(cfg, stage)
+    # a verl job is an RL section's (its type says so), whatever the stage is called
+    stage_cfg = getattr(cfg, stage, None)
+    if not isinstance(stage_cfg, RLStageConfig):
+        raise ConfigError(f"unknown RL stage {stage!r}; verl jobs exist for {', '.join(rl_stages())}")
     _check_stage_settings(stage, stage_cfg, cfg)
     inputs, _ = job_inputs(stage, cfg)
     overrides = stage_overrides(stage, cfg, inputs)
@@ -919,11 +920,11 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     import subprocess
 
-    from components.config import ConfigError, load_config
+    from components.config import ConfigError, load_config, rl_stages
     from components.dag import stage_io
 
     parser = argparse.ArgumentParser(description=main.__doc__)
-    parser.add_argument("stage", choices=list(RL_STAGES))
+    parser.add_argument("stage", choices=list(rl_stages()))
     parser.add_argument(
         "--dry-run", action="store_true", help="validate and print the job; write nothing, submit nothing"
     )

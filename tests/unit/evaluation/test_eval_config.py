@@ -8,7 +8,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from components.config import load_config
+from components.config import load_config, parallel_r1_stages
 from components.dag import stage_io
 from components.engine import GenerationConfig
 from components.evaluation.config import BenchmarkSpec, EvaluateConfig
@@ -79,7 +79,7 @@ def test_profiles_are_consistent(profile: str, in_repo: Path) -> None:
         trained_mode = getattr(section, "mode", getattr(section, "engine_mode", None))
         if trained_mode == "parallel":
             assert cfg.decode_mode_of(name) == "parallel", name
-    for name in cfg.parallel_r1.STAGES:
+    for name in parallel_r1_stages():
         assert name in cfg.evaluate.checkpoints
         assert cfg.decode_mode_of(name) == cfg.parallel_r1.mode
     io = stage_io("evaluate")

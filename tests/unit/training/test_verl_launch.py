@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 from verl.trainer.config import AlgoConfig
 from verl.utils.config import omega_conf_to_dataclass
 
-from components.config import ConfigError, load_config
+from components.config import ConfigError, load_config, rl_stages
 from components.training.verl.launch import (
     PLUGIN_MODULE,
     VerlRunInputs,
@@ -28,7 +28,7 @@ from components.training.verl.launch import (
 from components.training.verl.launch import main as verl_launch_main
 
 INPUTS = VerlRunInputs("/models/seed", "/data/train.parquet", "/data/val.parquet", "/runs/x")
-STAGES = ["npr_zero", "papo_rl", "sr_rl", "pr1_rl"]
+STAGES = list(rl_stages())  # every RL section (by type), as the launcher accepts them
 
 
 @pytest.mark.parametrize("profile", ["tiny", "qwen3-4b"])
