@@ -333,6 +333,13 @@ def engine_terms(
     ]
 
 
+def reread_tokens(cfg: Any, section: Any, response_tokens: int) -> int:
+    """Tokens a ``reread`` layout may add to a parallel sequence: the re-read copies of branches 2..k,
+    at most the response itself (``components.structure.merge``); 0 under ``isolated`` or sequentially."""
+    parallel = getattr(section, "engine_mode", getattr(section, "mode", "sequential")) == "parallel"
+    return response_tokens if parallel and getattr(cfg, "merge_semantics", "isolated") == "reread" else 0
+
+
 def _sft_plan(stage: str, cfg: Any, shape: ModelShape) -> PhasePlan:
     w = compute_dtype_bytes(cfg)
     if stage == "seed":
@@ -344,6 +351,7 @@ def _sft_plan(stage: str, cfg: Any, shape: ModelShape) -> PhasePlan:
         nproc = sc.nproc_per_node
         per_rank = max(1, sc.batch_size // nproc)
         rows, seq_len = math.ceil(per_rank / sc.length_splits), sc.max_length
+        seq_len += reread_tokens(cfg, sc, sc.max_length)
         checkpointing, masked = sc.gradient_checkpointing, sc.mode == "parallel" or rows > 1
     terms = training_state_terms(shape, w, nproc)
     terms = [Term(t.name, t.bytes, f"{stage}.{t.setting}" if stage != "seed" else "") for t in terms]
@@ -373,7 +381,10 @@ def _local_rl_plans(stage: str, cfg: Any, shape: ModelShape) -> list[PhasePlan]:
     mini = math.ceil(sc.prompts_per_step * sc.group_size / sc.mini_batches)
     rows = min(sc.micro_batch_size or mini, mini)
     fwd = ForwardShape(
-        rows=rows, seq_len=prompt + sc.max_new_tokens + 1, masked=True, scored=rows * (sc.max_new_tokens + 1)
+        rows=rows,
+        seq_len=prompt + sc.max_new_tokens + 1 + reread_tokens(cfg, sc, sc.max_new_tokens + 1),
+        masked=True,
+        scored=rows * (sc.max_new_tokens + 1),
     )
     update = PhasePlan(
         stage,
@@ -390,7 +401,8 @@ def _verl_plans(stage: str, cfg: Any, shape: ModelShape, gpu: Any) -> list[Phase
     v = sc.verl
     n = v.nnodes * v.n_gpus_per_node
     p = shape.params
-    seq = v.max_prompt_length + sc.max_new_tokens
+    # the NPR actor under reread runs on laid-out rows: up to one response longer than verl packed them
+    seq = v.max_prompt_length + sc.max_new_tokens + reread_tokens(cfg, sc, sc.max_new_tokens)
     knob = f"{stage}.verl"
     # actor update (FSDP over every GPU): fp32 shards on the GPU unless offloaded to the host
     state = []

@@ -190,3 +190,22 @@ def test_cpu_profile_stages_plan_nothing_and_ask_for_no_gpu():
     on_gpu = load_config(profile="tiny", overrides=["run.device=cuda", "run.dtype=bfloat16"])
     assert [p.gpus for p in memory.plan_stage("papo_rl", on_gpu)] == [1, 1]
     assert memory.check_stage("papo_rl", on_gpu)  # the tiny model fits anywhere
+
+
+def test_reread_plans_the_laid_out_copies_of_parallel_stages_only():
+    """Under merge_semantics reread a parallel sequence carries re-read copies (up to one more response):
+    the SFT and verl actor plans of parallel stages grow; sequential stages plan the same."""
+    reread = load_config(profile="qwen3-4b")
+    assert reread.merge_semantics == "reread"
+    isolated = reread.model_copy(update={"merge_semantics": "isolated"})
+
+    def peak(cfg, stage):
+        return max(p.total_bytes for p in memory.plan_stage(stage, cfg))
+
+    for stage in ("parallel_warmup", "papo_rl"):
+        assert peak(reread, stage) > peak(isolated, stage), stage
+    for stage in ("sequential_warmup", "sr_rl"):
+        assert peak(reread, stage) == peak(isolated, stage), stage
+    assert memory.reread_tokens(reread, reread.papo_rl, 100) == 100
+    assert memory.reread_tokens(isolated, isolated.papo_rl, 100) == 0
+    assert memory.reread_tokens(reread, reread.sr_rl, 100) == 0
