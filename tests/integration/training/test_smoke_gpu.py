@@ -121,8 +121,10 @@ def test_the_node_command_runs_the_smoke_on_cpu_in_a_node_like_environment(tmp_p
     out = tmp_path / "out"
     assert ROOT not in out.parents  # the table lands outside the checkout, as on the node ($OUT)
     absent = ["verl", "sglang", "ray", "wandb", "great_expectations", "prefect", "dvc", "math_verify", "pydantic"]
+    # from a folder of its own: the checkout's root holds a wandb/ folder of offline runs once a test ran a
+    # stage, which the interpreter's cwd entry would offer as a namespace package
     probe = _run([str(python), "-c", f"import importlib.util as u; print([m for m in {absent!r} if u.find_spec(m)])"],
-                 env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})  # fmt: skip
+                 env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, cwd=tmp_path)  # fmt: skip
     assert probe.stdout.strip() == "[]", (what, probe.stdout, probe.stderr)  # none of them is on the node
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env.update(PYTHON=str(python), SMOKE_WHEELS=str(bundle), OUT=str(out), OMP_NUM_THREADS="1")
