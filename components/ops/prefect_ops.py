@@ -248,6 +248,12 @@ def _raise_stop(signum: int, _frame: Any) -> None:
     raise _Stop(signal.Signals(signum).name)
 
 
+# What stops `npr server` / `npr worker`. SIGINT is handled explicitly too: a process started with SIGINT
+# ignored (`cmd &` from a script: shells without job control start background commands so) gets no
+# KeyboardInterrupt from Python, and Ctrl-C or `kill -INT` would then leave it running.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 def start_server(host: str = "127.0.0.1", port: int = 4200, register: bool = True) -> None:
     """Start the server, wait until healthy, register pools and deployments, stay up until stopped.
 
@@ -262,7 +268,7 @@ def start_server(host: str = "127.0.0.1", port: int = 4200, register: bool = Tru
     root = Path.cwd()
     cfg = load_orchestration(root)
     url = api_url(host, port)
-    previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    previous = {sig: signal.signal(sig, _raise_stop) for sig in STOP_SIGNALS}
     proc = launch_server(host, port)
     try:
         waited = wait_healthy(url, cfg.server_start_timeout_s, proc)
@@ -307,7 +313,7 @@ def start_worker(pool: str) -> int:
             f"unknown pool {pool!r}; this project's pools are {cfg.cpu_pool!r} and {cfg.gpu_pool!r}"
         )
     url = os.environ.get("PREFECT_API_URL") or running_server_url() or api_url("127.0.0.1", 4200)
-    previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    previous = {sig: signal.signal(sig, _raise_stop) for sig in STOP_SIGNALS}
     # flow code is pulled from $NPR_REPO_DIR (prefect.yaml's pull step): this checkout unless set (GPU image)
     repo_dir = {REPO_DIR_ENV: os.environ.get(REPO_DIR_ENV, str(root))}
     proc = launch_worker(pool, url, root, env=repo_dir, stdout=None)

@@ -27,6 +27,16 @@ def _port_open(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+def _inherited_dispositions(sig: signal.Signals):
+    """For SIGINT, start the process with SIGINT ignored, as `cmd &` in a script does (a shell without job
+    control): Python then installs no KeyboardInterrupt, and only an explicit handler stops it."""
+
+    def ignore_sigint() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    return ignore_sigint if sig == signal.SIGINT else None
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_signal_to_npr_server_stops_the_prefect_server(tmp_path: Path, sig: signal.Signals) -> None:
     port = free_port()
@@ -40,6 +50,7 @@ def test_a_signal_to_npr_server_stops_the_prefect_server(tmp_path: Path, sig: si
     npr = subprocess.Popen(
         [str(VENV_BIN / "npr"), "server", "--port", str(port), "--no-register"],
         cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        preexec_fn=_inherited_dispositions(sig),
     )  # fmt: skip
     server_pids: list[int] = []
     try:
