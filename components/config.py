@@ -13,8 +13,6 @@ jobs get). YAML is read as YAML 1.2 reads numbers (``1e-4`` is a float, as DVC w
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 from typing import Any, Literal
 
@@ -172,11 +170,6 @@ class PipelineConfig(StrictModel):
     def engine_settings_of(self, checkpoint: str) -> dict[str, Any]:
         """Extra engine settings of a checkpoint's decoding (Parallel-R1's paths per block), else none."""
         return self.parallel_r1.engine_settings() if checkpoint in parallel_r1_stages() else {}
-
-    def section_hash(self, *keys: str) -> str:
-        """Stable short hash of some top-level sections (used for stage fingerprints)."""
-        payload = {k: self.model_dump(mode="json")[k] for k in keys}
-        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
 # The stage table. Stage names live in dvc.yaml and in the sections of PipelineConfig above, nowhere else
