@@ -164,26 +164,15 @@ def _print_summary(name: str, metrics: dict, where: str) -> None:
     """The stage's flat metrics (what `dvc metrics show` reads) as a short table; an evaluation as one row
     per checkpoint with its accuracy per benchmark."""
     from components.progress import print_table
-    from components.reporting import checkpoint_summary, stage_summary
+    from components.reporting import checkpoint_summary, flatten, stage_summary
 
     if "checkpoints" in metrics:
         rows = [
-            {"checkpoint": c, **_flat_row(checkpoint_summary(m))} for c, m in metrics["checkpoints"].items()
+            {"checkpoint": c, **flatten(checkpoint_summary(m))} for c, m in metrics["checkpoints"].items()
         ]
         print_table(name, rows, note=where)
     else:
         print_table(name, stage_summary(name, metrics), note=where)
-
-
-def _flat_row(values: dict) -> dict:
-    """A table row of flat metrics: nested dicts (accuracy per benchmark) as ``outer/inner`` columns."""
-    out = {}
-    for key, value in values.items():
-        if isinstance(value, dict):
-            out.update({f"{key}/{k}": v for k, v in value.items()})
-        else:
-            out[key] = value
-    return out
 
 
 @app.command("run")

@@ -13,9 +13,6 @@ jobs get). YAML is read as YAML 1.2 reads numbers (``1e-4`` is a float, as DVC w
 
 from __future__ import annotations
 
-import hashlib
-import json
-import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -24,12 +21,11 @@ from pydantic import Field, ValidationError, model_validator
 
 from components.data.config import SampleOrzConfig
 from components.engine.config import DistillConfig, RejectFilterConfig
-from components.errors import UserError
 from components.evaluation.config import EvaluateConfig, NightlyConfig
 from components.grading.config import GradingConfig
 from components.models.config import ModelsConfig, SeedConfig
 from components.ops.config import OrchestrationConfig, StorageConfig, TrackingConfig
-from components.settings import StrictModel
+from components.settings import ConfigError, StrictModel, load_yaml_text
 from components.structure.merge import MergeSemantics
 from components.training.config import (
     ParallelR1Config,
@@ -43,39 +39,6 @@ CONFIGS_DIR = Path("configs")
 PARAMS_FILE = Path("params.yaml")
 PREFECT_FILE = Path("prefect.yaml")
 GPU_STAGE_DEPLOYMENT = "npr-stage"  # the deployment gpu stages are dispatched to (flows/pipeline.py)
-
-
-class ConfigError(UserError, ValueError):
-    """Raised when params.yaml (or a profile, or an override) does not validate; names the key path."""
-
-
-class _Yaml12Loader(yaml.SafeLoader):
-    """PyYAML reads ``1e-4`` as a string (YAML 1.1 wants a dot); YAML 1.2, DVC and people read a float."""
-
-
-_Yaml12Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(
-        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
-        |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
-        |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
-        |[-+]?\.(?:inf|Inf|INF)
-        |\.(?:nan|NaN|NAN))$""",
-        re.X,
-    ),
-    list("-+0123456789."),
-)
-
-
-def load_yaml_text(text: str, source: str) -> Any:
-    """YAML (numbers as YAML 1.2 reads them); a syntax error is a ConfigError naming ``source`` and the line."""
-    try:
-        return yaml.load(text, Loader=_Yaml12Loader)  # noqa: S506 - a SafeLoader subclass
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise ConfigError(f"{source}:{where}: not valid YAML: {problem}") from None
 
 
 class RunConfig(StrictModel):
@@ -207,11 +170,6 @@ class PipelineConfig(StrictModel):
     def engine_settings_of(self, checkpoint: str) -> dict[str, Any]:
         """Extra engine settings of a checkpoint's decoding (Parallel-R1's paths per block), else none."""
         return self.parallel_r1.engine_settings() if checkpoint in parallel_r1_stages() else {}
-
-    def section_hash(self, *keys: str) -> str:
-        """Stable short hash of some top-level sections (used for stage fingerprints)."""
-        payload = {k: self.model_dump(mode="json")[k] for k in keys}
-        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
 # The stage table. Stage names live in dvc.yaml and in the sections of PipelineConfig above, nowhere else

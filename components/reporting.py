@@ -294,13 +294,17 @@ def rejection_categories(metrics: Mapping[str, Any], work_dir: Path | None = Non
     return dict(sorted(counts.items()))
 
 
-def _flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, float | int]:
-    out: dict[str, float | int] = {}
+def flatten(
+    values: Mapping[str, Any], leaf: Callable[[Any], Any] = lambda v: v, prefix: str = ""
+) -> dict[str, Any]:
+    """Nested mappings as ``outer/inner`` keys; every other value goes through ``leaf`` and is left out
+    when that gives None (the one flattener: W&B summaries here, the flow's report, ``npr`` tables)."""
+    out: dict[str, Any] = {}
     for key, value in values.items():
         if isinstance(value, Mapping):
-            out.update(_flatten(value, f"{prefix}{key}/"))
-        elif (num := _number(value)) is not None:
-            out[f"{prefix}{key}"] = num
+            out.update(flatten(value, leaf, f"{prefix}{key}/"))
+        elif (kept := leaf(value)) is not None:
+            out[f"{prefix}{key}"] = kept
     return out
 
 
@@ -310,11 +314,11 @@ def wandb_summary(
     """The run summary of a stage: its flat metrics (evaluate: ``<checkpoint>/<metric>``) and
     ``rejected/<category>`` counts (``categories``)."""
     if "checkpoints" in metrics and summary_of(stage) is None:
-        flat = _flatten({name: checkpoint_summary(c) for name, c in metrics["checkpoints"].items()})
+        flat = flatten({name: checkpoint_summary(c) for name, c in metrics["checkpoints"].items()}, _number)
         if (wall := _number(metrics.get("wall_time_s"))) is not None:
             flat["wall_time_s"] = wall
     else:
-        flat = _flatten(stage_summary(stage, metrics))
+        flat = flatten(stage_summary(stage, metrics), _number)
     if categories:
         flat.update({f"rejected/{k}": v for k, v in rejection_categories(metrics, work_dir).items()})
     return flat

@@ -9,10 +9,14 @@ conversion allowed is a YAML list for a tuple field (``adam_betas: [0.9, 0.95]``
 
 from __future__ import annotations
 
+import re
 import typing
 from typing import Any
 
+import yaml
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
+
+from components.errors import UserError
 
 
 def _is_tuple(annotation: Any) -> bool:
@@ -34,3 +38,36 @@ class StrictModel(BaseModel):
         if isinstance(value, list) and field is not None and _is_tuple(field.annotation):
             return tuple(value)
         return value
+
+
+class ConfigError(UserError, ValueError):
+    """Raised when params.yaml (or a profile, or an override) does not validate; names the key path."""
+
+
+class _Yaml12Loader(yaml.SafeLoader):
+    """PyYAML reads ``1e-4`` as a string (YAML 1.1 wants a dot); YAML 1.2, DVC and people read a float."""
+
+
+_Yaml12Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+        |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+        |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+        |[-+]?\.(?:inf|Inf|INF)
+        |\.(?:nan|NaN|NAN))$""",
+        re.X,
+    ),
+    list("-+0123456789."),
+)
+
+
+def load_yaml_text(text: str, source: str) -> Any:
+    """YAML (numbers as YAML 1.2 reads them); a syntax error is a ConfigError naming ``source`` and the line."""
+    try:
+        return yaml.load(text, Loader=_Yaml12Loader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError(f"{source}:{where}: not valid YAML: {problem}") from None

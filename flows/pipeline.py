@@ -102,15 +102,11 @@ def _metrics_markdown(stage: str, metrics: dict[str, Any], outcome: str, wall_s:
     return "\n".join(parts) + "\n"
 
 
-def _flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def _flatten(values: dict[str, Any]) -> dict[str, Any]:
     """Nested dicts as ``outer/inner`` keys; scalars only (lists, e.g. the eval history, are left out)."""
-    out: dict[str, Any] = {}
-    for key, value in values.items():
-        if isinstance(value, dict):
-            out.update(_flatten(value, f"{prefix}{key}/"))
-        elif isinstance(value, int | float | str):
-            out[f"{prefix}{key}"] = value
-    return out
+    from components.reporting import flatten
+
+    return flatten(values, lambda v: v if isinstance(v, int | float | str) else None)
 
 
 def _table(rows: dict[str, Any]) -> str:

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -617,8 +617,3 @@ class SequenceController:
         if self._block is not None:
             self._flatten_block(merged=False)
         self.finish_reason = reason
-
-
-def finite_logprobs(values: Iterable[float]) -> bool:
-    """True if every value is a real log-probability (no NaN placeholder of an unscored forced token)."""
-    return all(v == v and v <= 0.0 for v in values)

@@ -57,13 +57,6 @@ def bootstrap_interval(
     return means[lo_idx], means[hi_idx]
 
 
-def standard_error(p: float, n: int) -> float:
-    """Binomial standard error of a proportion ``p`` measured on ``n`` trials."""
-    if n < 1:
-        raise ValueError(f"n must be >= 1, got {n}")
-    return math.sqrt(max(p * (1 - p), 0.0) / n)
-
-
 def paired_bootstrap_difference(
     per_problem_a: Sequence[float],
     per_problem_b: Sequence[float],

@@ -136,7 +136,7 @@ def baseline_path(cfg_nightly: NightlyConfig, profile: str, checkpoint: str) -> 
 def load_baseline(path: Path) -> Baseline:
     from pydantic import ValidationError
 
-    from components.config import ConfigError, load_yaml_text
+    from components.settings import ConfigError, load_yaml_text
 
     path = Path(path)
     if not path.exists():

@@ -14,13 +14,11 @@ from typing import Any
 
 import torch
 
+from components.structure.errors import TagTokenError
+
 # Pad token choices, in order: Qwen tokenizers ship an unused `<|fim_pad|>` (NPR's SFT pads with it);
 # other tokenizers get a dedicated `<pad>` special token.
 PAD_TOKEN_CANDIDATES = ("<|fim_pad|>", "<pad>")
-
-
-class TagTokenError(ValueError):
-    """A tag's name cannot be tokenised without unknown tokens, or the tokenizer is unusable."""
 
 
 def single_token_id(tokenizer: Any, text: str) -> int | None:
@@ -34,10 +32,10 @@ def tag_name_subtoken_ids(tokenizer: Any, tag: str) -> list[int]:
     name = tag.replace("<", "").replace(">", "")
     ids = tokenizer.encode(name, add_special_tokens=False)
     if not ids:
-        raise TagTokenError(f"tag {tag!r} has an empty name")
+        raise TagTokenError(tag, message=f"tag {tag!r} has an empty name")
     unk = tokenizer.unk_token_id
     if unk is not None and unk in ids:
-        raise TagTokenError(f"the name {name!r} of tag {tag!r} tokenises to the unknown token")
+        raise TagTokenError(tag, message=f"the name {name!r} of tag {tag!r} tokenises to the unknown token")
     return ids
 
 
@@ -82,7 +80,9 @@ def add_tag_tokens(
     for tag in tags:
         token_id = single_token_id(tokenizer, tag)
         if token_id is None:
-            raise TagTokenError(f"tag {tag!r} still does not encode to one token after adding it")
+            raise TagTokenError(
+                tag, message=f"tag {tag!r} still does not encode to one token after adding it"
+            )
         tag_ids[tag] = token_id
 
     if missing or pad_added:

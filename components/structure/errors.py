@@ -22,12 +22,14 @@ class StructureError(ValueError):
 
 
 class TagTokenError(ValueError):
-    """A schema tag that the tokenizer does not encode as exactly one token."""
+    """A schema tag that the tokenizer does not encode as exactly one token (``pieces``: its ids), or, with
+    ``message``, a tag that cannot be made one (its name tokenises to nothing or to the unknown token)."""
 
-    def __init__(self, tag: str, pieces: list[int]) -> None:
+    def __init__(self, tag: str, pieces: list[int] | None = None, *, message: str | None = None) -> None:
         super().__init__(
-            f"tag {tag!r} encodes to {len(pieces)} tokens {pieces}; parallel attention needs single-token tags "
-            "(add them with components.models.tags.add_tag_tokens)"
+            message
+            or f"tag {tag!r} encodes to {len(pieces or [])} tokens {pieces}; parallel attention needs single-token "
+            "tags (add them with components.models.tags.add_tag_tokens)"
         )
         self.tag = tag
         self.pieces = pieces

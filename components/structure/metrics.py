@@ -9,8 +9,8 @@ spans, tags included (the same lengths the position ids use), so on an id trace 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Literal
 
 from components.structure.trace import Block, Segment, Span, Trace
 
@@ -27,11 +27,6 @@ class TraceMetrics:
     critical_tokens: int
     ideal_speedup: float  # total / critical
     unit: Literal["tokens", "chars"]
-
-    def as_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["branches"] = list(self.branches)
-        return out
 
 
 def trace_metrics(trace: Trace, token_lengths: Callable[[str], int] | None = None) -> TraceMetrics:

@@ -32,10 +32,6 @@ class MemoryReading:
     device: str = "cpu"
     extra: dict[str, Any] = field(default_factory=dict)
 
-    @property
-    def peak_gib(self) -> float:
-        return self.peak_bytes / 2**30
-
 
 class LiveTensorBytes(TorchDispatchMode):
     """Peak bytes of storages created on ``device_type`` while active (see the module docstring)."""

@@ -44,6 +44,7 @@ from typing import Any
 
 import yaml
 
+from components.settings import ConfigError
 from components.training.rl_objective import verl_names
 from components.training.verl.plugins.names import (
     AGENT_LOOP,
@@ -478,7 +479,6 @@ def check_prompt_lengths(
     would be trained on problems with their beginning missing. So the job is refused before it is launched."""
     from transformers import AutoTokenizer
 
-    from components.config import ConfigError
     from components.prompts import render_prompt
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_path))
@@ -502,7 +502,6 @@ def check_tag_tokens(stage: str, model_path: Path | str, schema: str) -> None:
     in its agent loop (found by a real run: a Parallel-R1 job from a model without Parallel-R1's tags)."""
     from transformers import AutoTokenizer
 
-    from components.config import ConfigError
     from components.structure import TagIds
     from components.structure.errors import TagTokenError
 
@@ -531,7 +530,6 @@ def prepare_launch(
     ones the local trainer evaluates on; the training split is ``problems_dir``'s, or ``train_problems``
     (a stage with its own data layer: pr1_rl)."""
     from components.artifacts import read_shards
-    from components.config import ConfigError
 
     validate_job(stage, cfg)
     stage_cfg = getattr(cfg, stage)
@@ -630,8 +628,6 @@ def _settings_named_in(stage: str, message: str) -> list[str]:
 
 
 def _verl_rejects(stage: str, err: BaseException) -> Exception:
-    from components.config import ConfigError
-
     named = _settings_named_in(stage, str(err))
     hint = f" (settings: {', '.join(named)})" if named else ""
     return ConfigError(f"{stage}: verl rejects the job: {err}{hint}")
@@ -656,8 +652,6 @@ def _environment(values: dict[str, str], unset: tuple[str, ...] = ()) -> Iterato
 
 def _check_stage_settings(stage: str, stage_cfg: Any, cfg: Any) -> None:
     """Our own cross-field rules of a verl job, checked before verl sees it (errors name our settings)."""
-    from components.config import ConfigError
-
     v = stage_cfg.verl
     if stage_cfg.algorithm == "papo" and not native_parallel(stage_cfg):
         raise ConfigError(
@@ -723,7 +717,7 @@ def validate_job(stage: str, cfg: Any) -> VerlJobCheck:
     estimator in verl's registries, the actor engine class by vendor key (``EngineRegistry``, device cuda),
     the agent loop class, the reward manager class and the reward function file (loaded and called once).
     """
-    from components.config import ConfigError, rl_stages
+    from components.config import rl_stages
     from components.training.config import RLStageConfig
 
     # a verl job is an RL section's (its type says so), whatever the stage is called
@@ -855,8 +849,6 @@ def _resolve_trainer(stage: str, config: Any) -> str:
     """The trainer class ``main_ppo`` will run, with every import it needs at run time: verl 0.9.1's v1
     trainer (``trainer.use_v1``, its default) imports TransferQueue in the TaskRunner, after Ray started,
     so a missing package surfaced only minutes into a GPU job."""
-    from components.config import ConfigError
-
     if not config.trainer.use_v1:
         from verl.trainer.main_ppo_v0 import TaskRunner
 
@@ -881,8 +873,6 @@ def _resolve_rollout(stage: str, config: Any) -> str:
     from verl.workers.rollout import base as rollout_base
     from verl.workers.rollout.replica import RolloutReplicaRegistry
 
-    from components.config import ConfigError
-
     name = config.actor_rollout_ref.rollout.name
     if name not in RolloutReplicaRegistry._registry:
         raise ConfigError(
@@ -902,8 +892,6 @@ def _resolve_sampler(stage: str, config: Any) -> str | None:
     """The custom replay buffer the job names (structural-filter stages), loaded as verl loads it."""
     from verl.utils.import_utils import load_extern_object
 
-    from components.config import ConfigError
-
     custom = config.trainer.v1.sampler.get("custom_sampler") or {}
     if not custom.get("path"):
         return None
@@ -920,7 +908,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     import subprocess
 
-    from components.config import ConfigError, load_config, rl_stages
+    from components.config import load_config, rl_stages
     from components.dag import stage_io
 
     parser = argparse.ArgumentParser(description=main.__doc__)

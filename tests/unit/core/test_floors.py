@@ -1,0 +1,174 @@
+"""Floors: the intended layers of the project, as an import contract (issue 29).
+
+Every ``import`` in components/ and flows/ is read with ``ast`` -- lazy, function-level imports
+included, since that is how a climb gets in unseen -- and a module may import only from its own
+floor or a lower one. A climb that cannot be removed yet is listed in ``EXCEPTIONS`` with its reason;
+the test also fails when a listed exception no longer occurs, so that list only shrinks.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+
+# Bottom to top. A unit is a top-level module or package of components/ (its whole subtree), or flows.
+FLOORS: list[tuple[str, tuple[str, ...]]] = [
+    (
+        "ground",
+        (
+            "components",  # the package itself: an empty __init__
+            "components.structure",
+            "components.settings",
+            "components.errors",
+            "components.artifacts",
+            "components.env",
+            "components.envlock",
+            "components.progress",
+            "components.prompts",
+            "components.dag",
+            "components.parallel",
+            "components.storage_init",
+            "components.code_deps",
+        ),
+    ),
+    (
+        "services",
+        (
+            "components.grading",
+            "components.data",
+            "components.engine",
+            "components.ops",
+            "components.storage",
+            "components.tracking",
+        ),
+    ),
+    (
+        "domain",
+        (
+            "components.models",
+            "components.training",
+            "components.evaluation",
+        ),
+    ),
+    # components.config is PipelineConfig: it assembles each package's own config module, so it sits above them.
+    (
+        "assembly",
+        ("components.config", "components.fingerprint", "components.reporting", "components.config_check"),
+    ),
+    ("stages", ("components.stages",)),
+    ("top", ("flows", "components.cli")),
+]
+
+# (importer module, imported module) -> why it still climbs. Remove an entry once the climb is gone.
+EXCEPTIONS: dict[tuple[str, str], str] = {
+    ("components.ops.prefect_ops", "components.config"): (
+        "load_orchestration reads the orchestration section through load_config (profiles, overrides, checks)"
+    ),
+    ("components.evaluation.config", "components.config"): (
+        "EvaluateConfig validates checkpoints against model_stages(), read from PipelineConfig's section types"
+    ),
+    ("components.models.tiny_seed", "components.config"): (
+        "its script entry point (main) loads the tiny profile's full config"
+    ),
+    ("components.training.memory", "components.config"): (
+        "_length_setting reads a stage's section type from PipelineConfig.model_fields"
+    ),
+    ("components.training.verl.launch", "components.config"): (
+        "rl_stages() and load_config(): the verl launch walks PipelineConfig's RL sections"
+    ),
+}
+
+
+def floor_of(module: str) -> int:
+    best: tuple[int, int] | None = None  # (length of the matching unit, floor)
+    for level, (_, units) in enumerate(FLOORS):
+        for unit in units:
+            matches = module == unit or module.startswith(unit + ".")
+            if matches and (best is None or len(unit) > best[0]):
+                best = (len(unit), level)
+    if best is None:
+        raise AssertionError(f"{module} is on no floor: add its unit to FLOORS")
+    return best[1]
+
+
+def project_modules(root: Path) -> dict[str, Path]:
+    mods: dict[str, Path] = {}
+    for base in ("components", "flows"):
+        for path in sorted((root / base).rglob("*.py")):
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            mods[".".join(parts)] = path
+    return mods
+
+
+def imported(module: str, path: Path, node: ast.Import | ast.ImportFrom, known: set[str]) -> list[str]:
+    """The project modules one import statement names (``from a import b`` names ``a.b`` when it is a module)."""
+    if isinstance(node, ast.Import):
+        names = [alias.name for alias in node.names]
+    else:
+        if node.level:
+            package = module.split(".")
+            if path.name != "__init__.py":
+                package = package[:-1]
+            package = package[: len(package) - (node.level - 1)]
+            base = ".".join(package + ([node.module] if node.module else []))
+        else:
+            base = node.module or ""
+        names = [base] + [f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in known]
+    return [n for n in names if n.split(".")[0] in ("components", "flows")]
+
+
+def edges(root: Path) -> Iterator[tuple[str, str, int]]:
+    mods = project_modules(root)
+    known = set(mods)
+    for module, path in mods.items():
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                for target in imported(module, path, node, known):
+                    yield module, target, node.lineno
+
+
+def climbs(root: Path) -> dict[tuple[str, str], list[int]]:
+    found: dict[tuple[str, str], list[int]] = {}
+    for src, dst, line in edges(root):
+        if floor_of(dst) > floor_of(src):
+            found.setdefault((src, dst), []).append(line)
+    return found
+
+
+def _fmt(key: tuple[str, str]) -> str:
+    src, dst = key
+    return f"{src} ({FLOORS[floor_of(src)][0]}) -> {dst} ({FLOORS[floor_of(dst)][0]})"
+
+
+def test_no_import_climbs_a_floor() -> None:
+    found = climbs(ROOT)
+    new = sorted(k for k in found if k not in EXCEPTIONS)
+    assert not new, "imports that climb to a higher floor:\n" + "\n".join(
+        f"  {_fmt(k)} at line(s) {found[k]}" for k in new
+    )
+
+
+def test_every_exception_still_occurs() -> None:
+    found = climbs(ROOT)
+    gone = sorted(k for k in EXCEPTIONS if k not in found)
+    assert not gone, "climbs fixed: remove them from EXCEPTIONS:\n" + "\n".join(f"  {k}" for k in gone)
+
+
+def test_checker_sees_a_lazy_climb(tmp_path: Path) -> None:
+    """The checker itself: a function-level import from a lower floor to a higher one is a climb."""
+    (tmp_path / "components" / "structure").mkdir(parents=True)
+    (tmp_path / "components" / "training").mkdir(parents=True)
+    (tmp_path / "flows").mkdir()
+    (tmp_path / "components" / "__init__.py").write_text("")
+    (tmp_path / "components" / "structure" / "__init__.py").write_text("")
+    (tmp_path / "components" / "training" / "__init__.py").write_text("from ..structure import x\n")
+    (tmp_path / "components" / "structure" / "x.py").write_text(
+        "def f():\n    from components.training import y\n    return y\n"
+    )
+    (tmp_path / "flows" / "__init__.py").write_text("import components.training\n")
+    assert climbs(tmp_path) == {("components.structure.x", "components.training"): [2]}
