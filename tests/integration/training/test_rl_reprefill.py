@@ -15,8 +15,15 @@ from components.training.rl import RLTrainer
 
 pytestmark = pytest.mark.slow
 
+# every parallel decode re-reads its merges: what merge_semantics reread requires
+REREAD = [
+    "merge_semantics=reread",
+    *(f"{k}=reprefill" for k in ("papo_rl.merge_mode", "evaluate.generation.merge_mode", "pr1_rl.merge_mode")),
+]
 
-def test_a_reprefill_papo_step_reports_exact_branches_and_corrects_post_merge_tokens(warm_world, tmp_path):
+
+def _reprefill_papo_step(warm_world, tmp_path, *overrides: str) -> tuple[dict, object]:
+    """One local PAPO step of re-prefilled rollouts from the warm tiny model; (step metrics, config)."""
     model, tok = warm_world
     cfg = load_config(
         profile="tiny",
@@ -29,12 +36,17 @@ def test_a_reprefill_papo_step_reports_exact_branches_and_corrects_post_merge_to
             "papo_rl.eval_before_train=false",
             # fp32 compute: the pre-merge tokens' trainer log-probs are checked against the fp32 engine's
             "run.autocast=null",
+            *overrides,
         ],
     )
     cfg.tracking.mode = "disabled"
     ps = generate_problems(12, seed=21, weights={"easy": 1.0})  # the warm-up's (shortest) traces
     trainer = RLTrainer("papo_rl", cfg, model, tok, ps[:8], ps[8:], tmp_path)
-    step = trainer.train_step()
+    return trainer.train_step(), cfg
+
+
+def test_a_reprefill_papo_step_reports_exact_branches_and_corrects_post_merge_tokens(warm_world, tmp_path):
+    step, cfg = _reprefill_papo_step(warm_world, tmp_path)
     assert step["train/rollouts_trained"] > 0
     assert step["rollout_corr/post_merge_token_frac"] > 0, "some trained rollouts merged a block"
     # tokens sampled before the first merge (plans, the first block's branches) are exact
@@ -50,27 +62,7 @@ def test_under_reread_semantics_the_trainer_is_the_reprefilled_engine_and_the_co
     """The same re-prefilled rollouts, trained under ``merge_semantics: reread``: the trainer's forward lays
     out the re-read (components.structure.merge), so every token, post-merge ones included, has the
     engine's log-prob and PAPO's weights are 1."""
-    model, tok = warm_world
-    cfg = load_config(
-        profile="tiny",
-        overrides=[
-            "merge_semantics=reread",
-            "papo_rl.merge_mode=reprefill",
-            "distill.generation.merge_mode=reprefill",
-            "evaluate.generation.merge_mode=reprefill",
-            "pr1_rl.merge_mode=reprefill",
-            "papo_rl.steps=1",
-            "papo_rl.prompts_per_step=8",
-            "papo_rl.group_size=4",
-            "papo_rl.max_new_tokens=160",
-            "papo_rl.eval_before_train=false",
-            "run.autocast=null",
-        ],
-    )
-    cfg.tracking.mode = "disabled"
-    ps = generate_problems(12, seed=21, weights={"easy": 1.0})
-    trainer = RLTrainer("papo_rl", cfg, model, tok, ps[:8], ps[8:], tmp_path)
-    step = trainer.train_step()
+    step, _ = _reprefill_papo_step(warm_world, tmp_path, *REREAD)
     assert step["train/rollouts_trained"] > 0
     assert step["rollout_corr/post_merge_token_frac"] > 0, "some trained rollouts merged a block"
     assert step["rollout_corr/pre_merge_abs_logp_diff_max"] <= 1e-4
@@ -90,11 +82,7 @@ def test_reread_semantics_refuses_a_shared_kv_decode():
 def test_reread_semantics_refuses_the_isolated_merge_plugin():
     from components.errors import UserError
 
-    reread = [
-        "merge_semantics=reread",
-        *(f"{k}=reprefill" for k in ("papo_rl.merge_mode", "evaluate.generation.merge_mode", "pr1_rl.merge_mode")),
-    ]
-    load_config(profile="tiny", overrides=reread)  # consistent: loads
+    load_config(profile="tiny", overrides=REREAD)  # consistent: loads
     plugin = ["evaluate.generation.backend=sglang", "evaluate.generation.sglang_isolated_merge=true"]
     with pytest.raises((UserError, ValueError), match="evaluate.generation.sglang_isolated_merge"):
-        load_config(profile="tiny", overrides=[*reread, *plugin])
+        load_config(profile="tiny", overrides=[*REREAD, *plugin])
