@@ -100,7 +100,12 @@ class DistillConfig(StrictModel):
 
     init_from: str = "npr_zero"
     k: int = Field(8, ge=1)
+    # The bound: at most this many train problems (file order) are sampled (None = all).
     n_problems: int | None = Field(None, ge=1)
+    # Stop once this many problems have a trajectory reject_filter accepts (its rule, its section), so the
+    # warmups get the same amount of data however NPR-Zero trained; None = sample all n_problems. A bound
+    # reached first is reported as the shortfall.
+    target_accepted: int | None = Field(None, ge=1)
     shard_size: int = Field(1024, ge=1)
     generation: GenerationConfig = GenerationConfig()
 

@@ -13,9 +13,11 @@ clears it so stale samples are never mixed in.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +30,11 @@ from components.artifacts import (
 )
 from components.config import PipelineConfig
 from components.dag import StageIO
+from components.data.acceptance import accepted_problem_prefix
 from components.prompts import render_prompt
 
 WORK_DIR_NAME = "work"
+log = logging.getLogger(__name__)
 
 
 def load_problems(problems_dir: Path, n_problems: int | None) -> list[dict[str, Any]]:
@@ -67,6 +71,17 @@ def trajectory_records(
     return out
 
 
+@dataclass
+class DecodeStats:
+    """What ``_decode_chunks`` did: the records of the chunks it read (in problem order) and its counts."""
+
+    records: list[dict[str, Any]]
+    chunks: int
+    resumed: int
+    tokens: int
+    seconds: float
+
+
 def _decode_chunks(
     cfg: PipelineConfig,
     problems: list[dict[str, Any]],
@@ -75,8 +90,9 @@ def _decode_chunks(
     tags: Any,
     gen_cfg: Any,
     work: Path,
-) -> tuple[int, int, int, float]:
-    """Decode and grade every chunk not already in ``work``; returns (chunks, resumed, tokens, seconds)."""
+) -> DecodeStats:
+    """Decode and grade every chunk not already in ``work``, in order, until ``distill.target_accepted``
+    problems have an accepted trajectory (the reject_filter rule) or the problems run out."""
     from components.engine import generate
     from components.grading.judge import judge_many
     from components.progress import track
@@ -86,43 +102,57 @@ def _decode_chunks(
     n_chunks = math.ceil(len(problems) / per_chunk)
     resumed = generated_tokens = 0
     gen_seconds = 0.0
+    records: list[dict[str, Any]] = []
+    accepted = read = 0
     with track(
-        f"distill ({dcfg.k} samples x {len(problems)} problems)", total=n_chunks, unit="chunks"
+        f"distill ({dcfg.k} samples x up to {len(problems)} problems)", total=n_chunks, unit="chunks"
     ) as task:
         for c in range(n_chunks):
+            if dcfg.target_accepted is not None and accepted >= dcfg.target_accepted:
+                break
             chunk_path = work / f"chunk-{c:05d}.jsonl"
+            chunk = problems[c * per_chunk : (c + 1) * per_chunk]
             if chunk_path.exists():
                 resumed += 1
-                task.advance(1)
-                continue
-            chunk = problems[c * per_chunk : (c + 1) * per_chunk]
-            prompts = [
-                render_prompt(tokenizer, p["problem"], cfg.prompts, "parallel")
-                for p in chunk
-                for _ in range(dcfg.k)
-            ]
-            # Seed per chunk: a resumed run draws exactly the samples an uninterrupted one would (on an SGLang
-            # server only in its deterministic mode, which the GPU profile's distill turns on; otherwise the
-            # server ignores request seeds and a regenerated chunk is a new draw)
-            chunk_cfg = gen_cfg.model_copy(update={"seed": gen_cfg.seed + c})
-            start = time.perf_counter()
-            gens = generate(model, tokenizer, prompts, chunk_cfg, tags)
-            gen_seconds += time.perf_counter() - start
-            generated_tokens += sum(g.total_tokens for g in gens)
-            golds = [p["answer"] for p in chunk for _ in range(dcfg.k)]
-            judgements = judge_many(
-                [g.text for g in gens],
-                golds,
-                cfg.schema_name,
-                cfg.grading,
-                purpose="distill",
-                finish_reasons=[g.finish_reason for g in gens],
+            else:
+                prompts = [
+                    render_prompt(tokenizer, p["problem"], cfg.prompts, "parallel")
+                    for p in chunk
+                    for _ in range(dcfg.k)
+                ]
+                # Seed per chunk: a resumed run draws exactly the samples an uninterrupted one would (on an
+                # SGLang server only in its deterministic mode, which the GPU profile's distill turns on;
+                # otherwise the server ignores request seeds and a regenerated chunk is a new draw)
+                chunk_cfg = gen_cfg.model_copy(update={"seed": gen_cfg.seed + c})
+                start = time.perf_counter()
+                gens = generate(model, tokenizer, prompts, chunk_cfg, tags)
+                gen_seconds += time.perf_counter() - start
+                generated_tokens += sum(g.total_tokens for g in gens)
+                golds = [p["answer"] for p in chunk for _ in range(dcfg.k)]
+                judgements = judge_many(
+                    [g.text for g in gens],
+                    golds,
+                    cfg.schema_name,
+                    cfg.grading,
+                    purpose="distill",
+                    finish_reasons=[g.finish_reason for g in gens],
+                )
+                tmp = chunk_path.with_suffix(".tmp")
+                write_jsonl(tmp, trajectory_records(chunk, dcfg.k, prompts, gens, judgements))
+                tmp.replace(chunk_path)
+            records.extend(read_jsonl(chunk_path))
+            read += 1
+            if dcfg.target_accepted is not None:
+                decoded = [str(p["id"]) for p in problems[: (c + 1) * per_chunk]]
+                _, accepted = accepted_problem_prefix(
+                    decoded, records, cfg.reject_filter, dcfg.target_accepted
+                )
+            task.advance(
+                1,
+                tokens_per_s=generated_tokens / max(gen_seconds, 1e-9),
+                **({"accepted": accepted} if dcfg.target_accepted else {}),
             )
-            tmp = chunk_path.with_suffix(".tmp")
-            write_jsonl(tmp, trajectory_records(chunk, dcfg.k, prompts, gens, judgements))
-            tmp.replace(chunk_path)
-            task.advance(1, tokens_per_s=generated_tokens / max(gen_seconds, 1e-9))
-    return n_chunks, resumed, generated_tokens, gen_seconds
+    return DecodeStats(records, read, resumed, generated_tokens, gen_seconds)
 
 
 def longest_prompt_tokens(tokenizer: Any, problems: list[dict[str, Any]], prompts_cfg: Any) -> int:
@@ -164,22 +194,43 @@ def run(cfg: PipelineConfig, io: StageIO) -> dict[str, Any]:
             stats = _decode_chunks(cfg, problems, model, tokenizer, tags, live_cfg, work)
     else:
         stats = _decode_chunks(cfg, problems, model, tokenizer, tags, gen_cfg, work)
-    n_chunks, resumed, generated_tokens, gen_seconds = stats
-
-    records = [r for c in range(n_chunks) for r in read_jsonl(work / f"chunk-{c:05d}.jsonl")]
-    expected = len(problems) * dcfg.k
+    # Keep the shortest prefix of problems that reaches the target: the same problems on a rerun, and a
+    # chunk's extra problems do not add data beyond what was asked for.
+    decoded = problems[: min(len(problems), stats.chunks * max(1, gen_cfg.batch_size // dcfg.k))]
+    used, accepted = len(decoded), None
+    if dcfg.target_accepted is not None:
+        used, accepted = accepted_problem_prefix(
+            [str(p["id"]) for p in decoded], stats.records, cfg.reject_filter, dcfg.target_accepted
+        )
+    kept_ids = {str(p["id"]) for p in decoded[:used]}
+    records = [r for r in stats.records if str(r["problem_id"]) in kept_ids]
+    expected = used * dcfg.k
     if len(records) != expected:
         raise RuntimeError(f"distill work dir holds {len(records)} trajectories, expected {expected}")
+    shortfall = max(0, dcfg.target_accepted - accepted) if accepted is not None else 0
+    if shortfall:
+        log.warning(
+            "distill: %d problems with an accepted trajectory after all %d problems (distill.n_problems), "
+            "%d short of distill.target_accepted=%d",
+            accepted,
+            len(problems),
+            shortfall,
+            dcfg.target_accepted,
+        )
     with atomic_dir(out_dir) as tmp_dir:
         write_shards(tmp_dir, records, n_shards=math.ceil(len(records) / dcfg.shard_size))
 
     n = len(records)
     return {
-        "n_problems": len(problems),
+        "n_problems": used,
+        "max_problems": len(problems),
+        "target_accepted": dcfg.target_accepted,
+        "accepted_problems": accepted,
+        "shortfall": shortfall,
         "k": dcfg.k,
         "n_trajectories": len(records),
-        "chunks": n_chunks,
-        "chunks_resumed": resumed,
+        "chunks": stats.chunks,
+        "chunks_resumed": stats.resumed,
         "accuracy": sum(r["correct"] for r in records) / n,
         "format_valid": sum(r["valid"] for r in records) / n,
         "correct_and_valid": sum(r["correct"] and r["valid"] for r in records) / n,
@@ -189,8 +240,8 @@ def run(cfg: PipelineConfig, io: StageIO) -> dict[str, Any]:
         "mean_response_tokens": sum(r["n_tokens"] for r in records) / n,
         "finish_reasons": dict(Counter(r["finish_reason"] for r in records)),
         "parallel_taken_rate": sum(r["structure"]["parallel_taken"] for r in records) / n,
-        "generated_tokens_this_run": generated_tokens,
-        "tokens_per_s": generated_tokens / gen_seconds if gen_seconds else None,
+        "generated_tokens_this_run": stats.tokens,
+        "tokens_per_s": stats.tokens / stats.seconds if stats.seconds else None,
         "engine_mode": gen_cfg.mode,
         "backend": gen_cfg.backend,
     }

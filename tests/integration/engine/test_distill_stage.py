@@ -131,3 +131,62 @@ def test_distill_serves_its_checkpoint_with_sglang_and_keeps_finished_chunks(
     records = read_shards(io.output("trajectories"))
     assert len(records) == 8 and all(r["structure"]["merge_mode"] == "reprefill" for r in records)
     assert len(list(work.glob("server-logs/*.log"))) == 2  # a fresh server per run, each stopped
+
+
+def _answering_engine(solved: set[int]):
+    """A stand-in for the engine: problem ``i+i`` gets a well-formed NPR answer, correct when ``i`` is in
+    ``solved`` (wrong otherwise); every sample stops by itself."""
+    import re
+    from types import SimpleNamespace
+
+    def generate(model, tokenizer, prompts, cfg, tags=None):
+        out = []
+        for prompt in prompts:
+            i = int(re.findall(r"(\d+)\+\1", prompt)[-1][0])
+            value = 2 * i if i in solved else 2 * i + 1
+            text = (
+                f"<guideline><plan>1: add</plan></guideline><step>1: {i}+{i}={value}</step>"
+                f"<takeaway>the sum is {value}</takeaway> \\boxed{{{value}}}"
+            )
+            out.append(
+                SimpleNamespace(
+                    text=text,
+                    total_tokens=20,
+                    finish_reason="stop",
+                    wall_time_s=0.0,
+                    structure=lambda: {"parallel_taken": False},
+                )
+            )
+        return out
+
+    return generate
+
+
+def test_distill_stops_at_its_accepted_target_and_reports_a_shortfall(tmp_path: Path, monkeypatch) -> None:
+    """``target_accepted``: problems are sampled in order until that many have a trajectory the reject_filter
+    rule accepts; the output is the shortest prefix of problems that reaches it. A bound reached first is
+    reported as the shortfall, with everything sampled kept."""
+    import components.engine
+
+    io, cfg = _setup(tmp_path)
+    monkeypatch.setattr(components.engine, "generate", _answering_engine({1, 3}))
+    cfg.reject_filter.min_response_tokens = 1
+    cfg.distill.n_problems = None  # all 5 problems, 2 a chunk
+    cfg.distill.target_accepted = 2
+    metrics = run_stage("distill", cfg, io)
+    # p1 and p3 are solved: 2 chunks (p0-p3) are sampled, the third never, and the kept prefix ends at p3
+    assert metrics["chunks"] == 2 and metrics["n_problems"] == 4 and metrics["max_problems"] == 5
+    assert metrics["accepted_problems"] == 2 and metrics["shortfall"] == 0
+    records = read_shards(io.output("trajectories"))
+    assert sorted({r["problem_id"] for r in records}) == ["p0", "p1", "p2", "p3"] and len(records) == 8
+
+    # The reject_filter stage accepts exactly the target from this output
+    from components.data.acceptance import filter_trajectories
+
+    accepted, _, _ = filter_trajectories(records, cfg.reject_filter)
+    assert {r["problem_id"] for r in accepted} == {"p1", "p3"}
+
+    cfg.distill.target_accepted = 3  # only 2 of the 5 problems can be solved
+    metrics = run_stage("distill", cfg, io)
+    assert metrics["n_problems"] == 5 and metrics["accepted_problems"] == 2 and metrics["shortfall"] == 1
+    assert len(read_shards(io.output("trajectories"))) == 10

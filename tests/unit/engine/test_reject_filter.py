@@ -9,9 +9,10 @@ import pytest
 from components.artifacts import read_json, read_shards, write_shards
 from components.config import load_config
 from components.dag import StageIO
+from components.data.acceptance import filter_trajectories
 from components.engine.config import RejectFilterConfig
 from components.stages import reject_filter
-from components.stages.reject_filter import QualityGateError, filter_trajectories
+from components.stages.reject_filter import QualityGateError
 
 GOOD = "<guideline><plan>1: add</plan></guideline><step>1: 2+3=5</step><takeaway>so 5</takeaway> \\boxed{5}"
 
@@ -119,3 +120,22 @@ def test_gate_fails_when_a_difficulty_is_under_the_acceptance_floor(tmp_path: Pa
         "hard"
     ] == pytest.approx(1 / 3)
     assert not io.output("accepted").exists()
+
+
+def test_accepted_problem_prefix_is_the_shortest_prefix_reaching_the_target() -> None:
+    """distill's stopping rule is reject_filter's rule: a problem counts once it has an accepted trajectory
+    (wrong, invalid, duplicate or too-short samples do not count)."""
+    from components.data.acceptance import accepted_problem_prefix
+
+    recs = [
+        _rec("a", 0, correct=False),
+        _rec("b", 0, valid=False, format_score=-1.0),
+        _rec("c", 0, n_tokens=2),  # too short
+        _rec("c", 1),  # accepted: c is the first problem with one
+        _rec("d", 0, finish_reason="length"),
+        _rec("e", 0),
+    ]
+    order = ["a", "b", "c", "d", "e"]
+    assert accepted_problem_prefix(order, recs, CFG, 1) == (3, 1)
+    assert accepted_problem_prefix(order, recs, CFG, 2) == (5, 2)
+    assert accepted_problem_prefix(order, recs, CFG, 3) == (5, 2)  # short: the whole list
