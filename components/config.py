@@ -167,9 +167,13 @@ class PipelineConfig(StrictModel):
             return self.parallel_r1.PROMPT_STYLE
         return self.evaluate.prompt_style_for(checkpoint)
 
-    def engine_settings_of(self, checkpoint: str) -> dict[str, Any]:
-        """Extra engine settings of a checkpoint's decoding (Parallel-R1's paths per block), else none."""
-        return self.parallel_r1.engine_settings() if checkpoint in parallel_r1_stages() else {}
+    def engine_settings_of(self, checkpoint: str, *, evaluation: bool = False) -> dict[str, Any]:
+        """Extra engine settings of a checkpoint's decoding (Parallel-R1's paths per block, and with
+        ``evaluation`` its evaluation budget), else none."""
+        if checkpoint not in parallel_r1_stages():
+            return {}
+        pr1 = self.parallel_r1
+        return pr1.evaluation_settings() if evaluation else pr1.engine_settings()
 
 
 # The stage table. Stage names live in dvc.yaml and in the sections of PipelineConfig above, nowhere else
@@ -236,6 +240,8 @@ def _generation_lengths(cfg: PipelineConfig) -> dict[str, int]:
     out.update({f"{s}.max_new_tokens": getattr(cfg, s).max_new_tokens for s in RL_STAGES})
     out["distill.generation.max_new_tokens"] = cfg.distill.generation.max_new_tokens
     out["evaluate.generation.max_new_tokens"] = cfg.evaluate.generation.max_new_tokens
+    if cfg.parallel_r1.max_new_tokens is not None:
+        out["parallel_r1.max_new_tokens"] = cfg.parallel_r1.max_new_tokens
     return out
 
 

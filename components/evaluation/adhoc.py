@@ -94,7 +94,7 @@ def evaluate_checkpoint(
         mode,  # type: ignore[arg-type]
         cfg.prompt_style_of(name),
         schema=cfg.schema_of(name),
-        engine_settings=cfg.engine_settings_of(name),
+        engine_settings=cfg.engine_settings_of(name, evaluation=True),
     )
     result = evaluate_checkpoints(cfg, [spec], specs, problems_dir, preloaded=preloaded)
     out_dir = Path(out_dir)

@@ -42,7 +42,7 @@ def run(cfg: Any, io: StageIO) -> dict[str, Any]:
             mode=cfg.decode_mode_of(name),
             prompt_style=cfg.prompt_style_of(name),
             schema=cfg.schema_of(name),
-            engine_settings=cfg.engine_settings_of(name),
+            engine_settings=cfg.engine_settings_of(name, evaluation=True),
         )
         for name in ecfg.checkpoints
     ]

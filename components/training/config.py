@@ -236,7 +236,10 @@ class ParallelR1Config(StrictModel):
     log-probs the policy gradient uses are those the tokens were sampled with.
 
     ``paths``: branches per block (the paper: 2); ``max_path_tokens``: a path longer than this is closed with
-    a forced ``</Path>`` (the paper's ``max_path_response_length``, 4096; None = only the token budget).
+    a forced ``</Path>`` (the paper's ``max_path_response_length``, 4096; None = only the token budget);
+    ``max_new_tokens``: the token budget (summed over paths) of the evaluation's decoding of the Parallel-R1
+    checkpoints (None = ``evaluate.generation.max_new_tokens``): its paths each solve the whole problem, so a
+    trace is about twice an NPR trace of the same problem.
     """
 
     SCHEMA: ClassVar[str] = "parallel_r1"
@@ -245,6 +248,7 @@ class ParallelR1Config(StrictModel):
     attention: Literal["unseen", "seen"] = "unseen"
     paths: int = Field(2, ge=2)
     max_path_tokens: int | None = Field(None, ge=2)
+    max_new_tokens: int | None = Field(None, ge=1)
 
     @property
     def mode(self) -> Literal["parallel", "sequential"]:
@@ -252,8 +256,14 @@ class ParallelR1Config(StrictModel):
         return "parallel" if self.attention == "unseen" else "sequential"
 
     def engine_settings(self) -> dict[str, Any]:
-        """``GenerationConfig`` fields of the recipe's decoding: paths per block and the path cap."""
+        """``GenerationConfig`` fields of the recipe's decoding: paths per block and the path cap (the RL
+        stage's budget is its own ``max_new_tokens``; the evaluation's is ``evaluation_settings``)."""
         return {"paths": self.paths, "max_step_tokens": self.max_path_tokens}
+
+    def evaluation_settings(self) -> dict[str, Any]:
+        """``engine_settings`` plus the evaluation's token budget when ``max_new_tokens`` is set."""
+        budget = {} if self.max_new_tokens is None else {"max_new_tokens": self.max_new_tokens}
+        return {**self.engine_settings(), **budget}
 
 
 class ProblemSourceConfig(StrictModel):

@@ -82,6 +82,13 @@ def test_profiles_are_consistent(profile: str, in_repo: Path) -> None:
     for name in parallel_r1_stages():
         assert name in cfg.evaluate.checkpoints
         assert cfg.decode_mode_of(name) == cfg.parallel_r1.mode
+        # Parallel-R1's evaluation budget (its whole-problem paths) is its RL stage's rollout budget, and
+        # it is given to the evaluation's decode only (the RL stage has its own max_new_tokens)
+        budget = cfg.parallel_r1.max_new_tokens
+        evaluation = cfg.engine_settings_of(name, evaluation=True)
+        assert evaluation.get("max_new_tokens") == budget and "max_new_tokens" not in cfg.engine_settings_of(name)
+        if budget is not None:
+            assert cfg.pr1_rl.max_new_tokens == budget
     io = stage_io("evaluate")
     for name in cfg.evaluate.checkpoints:
         io.input(f"{name}/model")  # raises if dvc.yaml does not declare it
