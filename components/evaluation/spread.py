@@ -135,7 +135,9 @@ def _shape(eval_metrics: Mapping[str, Any], benchmark: str, source: str) -> tupl
     if not shapes:
         raise SeedSpreadError(f"{source}: no checkpoint was evaluated on {benchmark!r}")
     if len(shapes) > 1:
-        raise SeedSpreadError(f"{source}: checkpoints evaluated {benchmark!r} on different sizes {sorted(shapes)}")
+        raise SeedSpreadError(
+            f"{source}: checkpoints evaluated {benchmark!r} on different sizes {sorted(shapes)}"
+        )
     return shapes.pop()
 
 
@@ -150,7 +152,9 @@ def aggregate(
     training noise)."""
     if not runs_metrics:
         raise SeedSpreadError("no runs to aggregate")
-    runs = list(runs) if runs is not None else [SpreadRun(source=f"run {i}") for i in range(len(runs_metrics))]
+    runs = (
+        list(runs) if runs is not None else [SpreadRun(source=f"run {i}") for i in range(len(runs_metrics))]
+    )
     if len(runs) != len(runs_metrics):
         raise ValueError(f"{len(runs)} run descriptions for {len(runs_metrics)} runs")
     shapes = [_shape(m, benchmark, r.source) for m, r in zip(runs_metrics, runs, strict=True)]

@@ -37,7 +37,9 @@ def _bench(accuracy: float, valid: float = 0.9, parallel: float = 0.0, ideal: fl
     }
 
 
-def _run(seed_acc: float, npr_acc: float, achieved: float | None, sr_acc: float | None = 0.45) -> dict[str, Any]:
+def _run(
+    seed_acc: float, npr_acc: float, achieved: float | None, sr_acc: float | None = 0.45
+) -> dict[str, Any]:
     """One run's metrics.json: checkpoints in the runner's order (not the paper's), a smoke benchmark too."""
     ckpts: dict[str, Any] = {}
     if sr_acc is not None:
@@ -52,7 +54,11 @@ def _run(seed_acc: float, npr_acc: float, achieved: float | None, sr_acc: float 
 
 
 def _three() -> list[dict[str, Any]]:
-    return [_run(0.475, 0.405, 2.08), _run(0.475, 0.46, 1.9, sr_acc=None), _run(0.475, 0.43, 2.0, sr_acc=0.52)]
+    return [
+        _run(0.475, 0.405, 2.08),
+        _run(0.475, 0.46, 1.9, sr_acc=None),
+        _run(0.475, 0.43, 2.0, sr_acc=0.52),
+    ]
 
 
 def test_aggregate_pins_each_value_mean_and_spread_in_recipe_order() -> None:
