@@ -9,7 +9,7 @@ parallel rate, ideal and achieved speedup. ``benchmarks/bench_recipe.py --seeds 
 writes it; the committed file (``evaluate.seed_spread``) is what the evaluation report sets beside each
 checkpoint's single-run avg@n (``committed_spread``; ``recipe.recipe_markdown`` renders it). Everything
 here is a pure function of plain dicts but the file's reading and writing (``load_seed_spread``,
-``write_seed_spread``, ``committed_spread``).
+``read_committed_spread``, ``write_seed_spread``).
 """
 
 from __future__ import annotations
@@ -214,15 +214,24 @@ def load_seed_spread(path: Path) -> SeedSpread:
         ) from None
 
 
-def committed_spread(path: str | None, benchmark: str, n_problems: int, n_samples: int) -> dict[str, Any]:
-    """What the report says about the committed spread (``evaluate.seed_spread``), as a plain dict:
-    ``state`` is ``unset`` (null), ``absent`` (no such file), ``mismatch`` (measured on another benchmark or
-    size; ``detail`` says which) or ``shown`` (``spread`` is the file's content). A malformed file raises."""
+def read_committed_spread(path: str | None) -> SeedSpread | None:
+    """The committed spread ``evaluate.seed_spread`` names: None when that is null or the file does not
+    exist; a malformed file raises (the evaluate stage reads it before it decodes anything)."""
+    if path is None or not Path(path).exists():
+        return None
+    return load_seed_spread(Path(path))
+
+
+def committed_spread(
+    path: str | None, spread: SeedSpread | None, benchmark: str, n_problems: int, n_samples: int
+) -> dict[str, Any]:
+    """What the report says about the committed spread (``path``, read by ``read_committed_spread``), as a
+    plain dict: ``state`` is ``unset`` (null), ``absent`` (no such file), ``mismatch`` (measured on another
+    benchmark or size; ``detail`` says which) or ``shown`` (``spread`` is the file's content)."""
     if path is None:
         return {"file": None, "state": "unset"}
-    if not Path(path).exists():
+    if spread is None:
         return {"file": path, "state": "absent"}
-    spread = load_seed_spread(Path(path))
     theirs = (spread.benchmark, spread.n_problems, spread.n_samples)
     if theirs != (benchmark, n_problems, n_samples):
         detail = (

@@ -19,7 +19,7 @@ from components.evaluation.plots import ACCURACY_PNG, SPEEDUP_PNG
 from components.evaluation.recipe import recipe_summary
 from components.evaluation.report import publish_wandb
 from components.evaluation.runner import CheckpointSpec, evaluate_checkpoints
-from components.evaluation.spread import committed_spread
+from components.evaluation.spread import committed_spread, read_committed_spread
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +36,9 @@ def stage_outputs(io: StageIO) -> EvalOutputs:
 
 def run(cfg: Any, io: StageIO) -> dict[str, Any]:
     ecfg = cfg.evaluate
+    # the committed seed spread (evaluate.seed_spread; its directory a dep in dvc.yaml), read first: a
+    # malformed file fails the stage before the decode, not after it
+    seed_spread = read_committed_spread(ecfg.seed_spread)
     checkpoints = [
         CheckpointSpec(
             name=name,
@@ -56,10 +59,10 @@ def run(cfg: Any, io: StageIO) -> dict[str, Any]:
         recipe = recipe_summary(
             result.metrics, result.records, bench, ecfg.recipe_confidence, ecfg.recipe_resamples
         )
-        if recipe["rows"]:  # the committed seed spread beside it (evaluate.seed_spread; a dep in dvc.yaml)
+        if recipe["rows"]:  # the committed seed spread beside it, or the report says there is none
             first = recipe["rows"][0]
             recipe["seed_spread"] = committed_spread(
-                ecfg.seed_spread, bench, first["n_problems"], first["n_samples"]
+                ecfg.seed_spread, seed_spread, bench, first["n_problems"], first["n_samples"]
             )
         result.metrics["recipe"] = recipe
     # flows/pipeline.py publishes report.md as a Prefect artifact after the stage; nothing to do here.

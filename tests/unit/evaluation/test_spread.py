@@ -17,11 +17,17 @@ from components.evaluation.spread import (
     aggregate,
     committed_spread,
     load_seed_spread,
+    read_committed_spread,
     spread_markdown,
     write_seed_spread,
 )
 
 SAMPLING = {"temperature": 1.0, "top_p": 1.0, "seed": 0}
+
+
+def _committed(path: str | None, n_problems: int = 200, n_samples: int = 2) -> dict[str, Any]:
+    """What the evaluate stage sets into the recipe summary for ``path`` and a run on tiny_test."""
+    return committed_spread(path, read_committed_spread(path), "tiny_test", n_problems, n_samples)
 
 
 def _bench(accuracy: float, valid: float = 0.9, parallel: float = 0.0, ideal: float = 1.0) -> dict[str, Any]:
@@ -136,16 +142,17 @@ def test_file_round_trips_and_a_malformed_one_names_itself(tmp_path: Path) -> No
 
 def test_committed_spread_states(tmp_path: Path) -> None:
     path = tmp_path / "spread.json"
-    assert committed_spread(None, "tiny_test", 200, 2) == {"file": None, "state": "unset"}
-    assert committed_spread(str(path), "tiny_test", 200, 2) == {"file": str(path), "state": "absent"}
+    assert _committed(None) == {"file": None, "state": "unset"}
+    assert _committed(str(path)) == {"file": str(path), "state": "absent"}
     write_seed_spread(aggregate(_three(), "tiny_test"), path)
-    shown = committed_spread(str(path), "tiny_test", 200, 2)
+    shown = _committed(str(path))
     assert shown["state"] == "shown" and shown["spread"]["benchmark"] == "tiny_test"
-    other = committed_spread(str(path), "tiny_test", 200, 4)
+    other = _committed(str(path), 200, 4)
     assert other["state"] == "mismatch" and "this run on tiny_test (200 x 4)" in other["detail"]
-    path.write_text("[]")
+    path.write_text("[]")  # malformed: read_committed_spread (the stage, before its decode) names the file
     with pytest.raises(SeedSpreadError, match=str(path)):
-        committed_spread(str(path), "tiny_test", 200, 2)
+        read_committed_spread(str(path))
+    assert read_committed_spread(None) is None and read_committed_spread(str(tmp_path / "none")) is None
 
 
 def _summary(committed: dict[str, Any] | None) -> dict[str, Any]:
@@ -176,7 +183,7 @@ def test_report_sets_the_committed_spread_beside_each_avg(tmp_path: Path, make_e
     path = tmp_path / "spread.json"
     runs = [_run(0.475, 0.405, 2.08, sr_acc=None), _run(0.475, 0.46, 1.9, sr_acc=None)]
     write_seed_spread(aggregate(runs, "tiny_test"), path)
-    md = recipe_markdown(_summary(committed_spread(str(path), "tiny_test", 200, 2))).splitlines()
+    md = recipe_markdown(_summary(_committed(str(path)))).splitlines()
     assert md[2].startswith("| checkpoint | stage | mode | avg@2 | avg@2, 2 seeds: mean (spread) | pass@2 |")
     assert md[3].count("|") == md[2].count("|")
     assert md[4] == (
@@ -189,22 +196,22 @@ def test_report_sets_the_committed_spread_beside_each_avg(tmp_path: Path, make_e
     assert "smaller than the spread is inside training noise" in text
     # the whole report carries it in its recipe section
     ev = make_eval()
-    ev["recipe"] = _summary(committed_spread(str(path), "tiny_test", 200, 2))
+    ev["recipe"] = _summary(_committed(str(path)))
     assert "| 43.2 (5.5) |" in render_report(ev, "Eval")
 
 
 def test_report_says_when_no_spread_is_committed(tmp_path: Path) -> None:
     plain = recipe_markdown(_summary(None))
     assert "spread" not in plain.lower()  # a summary without the stage's note (bench_recipe's single run)
-    unset = recipe_markdown(_summary(committed_spread(None, "tiny_test", 200, 2)))
+    unset = recipe_markdown(_summary(_committed(None)))
     assert "No seed spread is committed (`evaluate.seed_spread` is null)" in unset
     assert unset.splitlines()[2] == plain.splitlines()[2]  # no column
     missing = tmp_path / "none.json"
-    absent = recipe_markdown(_summary(committed_spread(str(missing), "tiny_test", 200, 2)))
+    absent = recipe_markdown(_summary(_committed(str(missing))))
     assert f"No seed spread is committed (`{missing}` does not exist)" in absent
     path = tmp_path / "spread.json"
     write_seed_spread(aggregate(_three(), "tiny_test"), path)
-    other = recipe_markdown(_summary(committed_spread(str(path), "tiny_test", 100, 2)))
+    other = recipe_markdown(_summary(_committed(str(path), 100, 2)))
     assert "does not match this run: it was measured on tiny_test (200 problems x 2 samples)" in other
     assert "mean (spread)" not in other
 
@@ -216,3 +223,23 @@ def test_a_run_description_per_run() -> None:
     before = copy.deepcopy(inputs)
     aggregate(inputs, "tiny_test")
     assert inputs == before  # a pure function of its inputs
+
+
+def test_the_stage_refuses_a_malformed_file_before_it_decodes(
+    tmp_path: Path, in_repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from components.config import load_config
+    from components.dag import StageIO
+    from components.stages import evaluate
+
+    bad = tmp_path / "spread.json"
+    bad.write_text('{"benchmark": "tiny_test"}')
+    cfg = load_config(profile="tiny", overrides=[f"evaluate.seed_spread={bad}"])
+
+    def decode(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("decoded before reading the seed spread")
+
+    monkeypatch.setattr(evaluate, "evaluate_checkpoints", decode)
+    io = StageIO(stage="evaluate", plots=tmp_path / "plots", outputs={"report": tmp_path / "report"})
+    with pytest.raises(SeedSpreadError, match=rf"seed spread file {bad} is malformed"):
+        evaluate.run(cfg, io)
