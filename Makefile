@@ -20,6 +20,8 @@ export HF_DATASETS_OFFLINE ?= 1
 export WANDB_MODE ?= offline
 export TOKENIZERS_PARALLELISM=false
 PROFILE ?= tiny
+# Config overrides for `make run`, each passed as `npr run --set KEY=VALUE` (make run SET="npr_zero.seed=1 run.seed=1").
+SET ?=
 
 .PHONY: install lock run test lint bench clean
 
@@ -50,7 +52,7 @@ lock:
 
 run: install
 	$(BIN)/npr data fetch
-	$(BIN)/npr run --profile $(PROFILE)
+	$(BIN)/npr run --profile $(PROFILE) $(foreach item,$(SET),--set '$(item)')
 
 lint: install
 	$(BIN)/ruff check components flows tests benchmarks

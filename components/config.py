@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from components.data.config import SampleOrzConfig
 from components.engine.config import DistillConfig, RejectFilterConfig
@@ -232,6 +232,48 @@ def parallel_r1_stages() -> tuple[str, ...]:
 
 RL_STAGES = rl_stages()
 SFT_STAGES = sft_stages()
+
+
+def training_seed_sections() -> tuple[str, ...]:
+    """The sections whose seeds drive training: every RL and SFT stage (rollout sampling, data order and
+    selection, init) and distillation's sampling. Not ``sample_orz`` (the problems and the test split stay
+    the same), not ``seed`` (the committed seed model's recipe), not ``evaluate`` (its sampling stays fixed,
+    so that the spread of a retrained run is the training's)."""
+    return sections_of((RLStageConfig, SFTStageConfig, DistillConfig))
+
+
+def _seed_fields(model: BaseModel, prefix: str) -> dict[str, int]:
+    """Every int field named ``seed`` of ``model`` and the models inside it, by key path."""
+    out: dict[str, int] = {}
+    for name, info in type(model).model_fields.items():
+        if info.exclude:  # derived by PipelineConfig, not a params.yaml key
+            continue
+        value = getattr(model, name)
+        if name == "seed" and isinstance(value, int) and not isinstance(value, bool):
+            out[f"{prefix}.{name}"] = value
+        elif isinstance(value, BaseModel):
+            out.update(_seed_fields(value, f"{prefix}.{name}"))
+    return out
+
+
+def training_seeds(cfg: PipelineConfig) -> dict[str, int]:
+    """The seeds of one training run, by key path: ``run.seed`` (every stage's torch seed) and each seed of
+    the ``training_seed_sections``. ``run.seed`` is left out when the seed stage builds the seed model from
+    it (``models.base_model: tiny``): shifting it would retrain the seed model, whose recipe stays fixed."""
+    seeds = {} if cfg.models.base_model == "tiny" else {"run.seed": cfg.run.seed}
+    for section in training_seed_sections():
+        seeds.update(_seed_fields(getattr(cfg, section), section))
+    return seeds
+
+
+def training_seed_overrides(cfg: PipelineConfig, offset: int) -> list[str]:
+    """``--set`` overrides (``key=value``) that shift every training seed by ``offset``: the same recipe,
+    problems and evaluation, another training run (``benchmarks/bench_recipe.py --seeds``). 0 = none."""
+    if offset < 0:
+        raise ValueError(f"a seed offset must be >= 0 (seeds are non-negative), got {offset}")
+    if offset == 0:
+        return []
+    return [f"{key}={value + offset}" for key, value in training_seeds(cfg).items()]
 
 
 def _generation_lengths(cfg: PipelineConfig) -> dict[str, int]:

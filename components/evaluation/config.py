@@ -96,6 +96,11 @@ class EvaluateConfig(StrictModel):
     recipe_benchmark: str | None = None
     recipe_confidence: float = Field(0.95, gt=0, lt=1)
     recipe_resamples: int = Field(2000, ge=100)
+    # The committed seed spread of the recipe (components/evaluation/spread.py: N runs of one commit with
+    # shifted training seeds, written by benchmarks/bench_recipe.py --json): the report sets its mean and
+    # spread beside each checkpoint's avg@n. None = none committed; a path that does not exist (yet) is
+    # reported as such. Keep it under a directory that dvc.yaml's evaluate stage depends on.
+    seed_spread: str | None = Field(None, min_length=1)
 
     @model_validator(mode="after")
     def _consistent(self) -> EvaluateConfig:

@@ -17,7 +17,7 @@ and the tests read the same numbers.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -68,6 +68,13 @@ PARALLEL_RATE_TARGET = 0.95
 IDEAL_SPEEDUP_TARGET = 2.0
 EFFICIENCY_TARGET = 0.85
 NPR = "papo_rl"
+
+
+def recipe_order(names: Iterable[str]) -> list[str]:
+    """``names`` in the paper's order (``RECIPE_ORDER``), then the others in their own order."""
+    given = list(dict.fromkeys(names))
+    known = [n for n, _ in RECIPE_ORDER if n in given]
+    return known + [n for n in given if n not in known]
 
 
 def _per_problem(records: Sequence[Mapping[str, Any]], field: str) -> dict[str, float]:
@@ -141,12 +148,7 @@ def recipe_summary(
     checkpoints are not both in the run are left out. Raises ValueError when the two sides of a claim were
     measured on different problems (a paired difference needs the same ones).
     """
-    present = [
-        n for n, _ in RECIPE_ORDER if n in eval_metrics["checkpoints"] and benchmark in records.get(n, {})
-    ]
-    present += [
-        n for n in eval_metrics["checkpoints"] if n not in present and benchmark in records.get(n, {})
-    ]
+    present = recipe_order(n for n in eval_metrics["checkpoints"] if benchmark in records.get(n, {}))
     rows = [
         checkpoint_row(
             n, records[n][benchmark], eval_metrics["checkpoints"][n], confidence, n_resamples, seed
@@ -221,27 +223,65 @@ def _num(x: float | None, digits: int = 2) -> str:
     return "–" if x is None else f"{x:.{digits}f}"
 
 
+def _spread_cell(spread: Mapping[str, Any], checkpoint: str) -> str:
+    """A checkpoint's committed avg@n over the seeds: ``mean (spread)`` in %, or – when not measured."""
+    acc = ((spread["checkpoints"].get(checkpoint) or {}).get("metrics") or {}).get("accuracy") or {}
+    if acc.get("mean") is None:
+        return "–"
+    return f"{100 * acc['mean']:.1f} ({100 * acc['spread']:.1f})"
+
+
+def seed_spread_note(committed: Mapping[str, Any], n: int | str) -> str:
+    """What the committed seed spread (``spread.committed_spread``) says about this table."""
+    where = committed.get("file")
+    if committed["state"] == "shown":
+        runs = len(committed["spread"]["runs"])
+        return (
+            f"Seed spread (`{where}`): the avg@{n} column beside each checkpoint's is the mean (and spread, "
+            f"max - min) over {runs} runs of this recipe that differ only in their training seeds (same "
+            "problems, evaluation sampling fixed). A difference between two checkpoints, or between this run "
+            "and another run of the same recipe, smaller than the spread is inside training noise."
+        )
+    why = {
+        "unset": "`evaluate.seed_spread` is null",
+        "absent": f"`{where}` does not exist",
+        "mismatch": f"`{where}` does not match this run: {committed.get('detail', '')}",
+    }[committed["state"]]
+    return (
+        f"No seed spread is committed ({why}): how far retraining with other seeds moves these numbers is not "
+        "known here, so a difference between two runs may be training noise "
+        "(`benchmarks/bench_recipe.py --seeds N --json PATH` measures it)."
+    )
+
+
 def recipe_markdown(summary: Mapping[str, Any]) -> str:
-    """The recipe table, the claims table and the targets table as markdown."""
+    """The recipe table, the claims table and the targets table as markdown; with the committed seed spread
+    (``summary["seed_spread"]``, the evaluate stage's) a column of its avg@n and a sentence on it."""
     conf = f"{100 * summary['confidence']:.0f}%"
     bench = summary["benchmark"]
     k = summary["rows"][0]["k"] if summary["rows"] else "k"
     n = summary["rows"][0]["n_samples"] if summary["rows"] else "n"
+    committed = summary.get("seed_spread")
+    spread = committed["spread"] if committed and committed["state"] == "shown" else None
+    spread_header = f" avg@{n}, {len(spread['runs'])} seeds: mean (spread) |" if spread else ""
     lines = [
         f"On `{bench}` ({summary['rows'][0]['n_problems'] if summary['rows'] else 0} problems x {n} samples); "
         f"[{conf} bootstrap interval over problems, {summary['n_resamples']} resamples].",
         "",
-        f"| checkpoint | stage | mode | avg@{n} | pass@{k} | format-valid | parallel rate | ideal speedup "
-        "| achieved speedup | achieved / ideal |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        f"| checkpoint | stage | mode | avg@{n} |{spread_header} pass@{k} | format-valid | parallel rate "
+        "| ideal speedup | achieved speedup | achieved / ideal |",
+        "|---|---|---|---|" + ("---|" if spread else "") + "---|---|---|---|---|---|",
     ]
     for r in summary["rows"]:
+        spread_cell = f" {_spread_cell(spread, r['checkpoint'])} |" if spread else ""
         lines.append(
-            f"| {r['paper_name']} | {r['checkpoint']} | {r['mode']} | {_pct_ci(r['accuracy'])} | "
+            f"| {r['paper_name']} | {r['checkpoint']} | {r['mode']} | {_pct_ci(r['accuracy'])} |{spread_cell} "
             f"{_pct(r['pass@k'])} | {_pct(r['format_valid_rate'])} | {_pct_ci(r['parallel_rate'])} | "
             f"{_num(r['ideal_speedup'][0])} [{_num(r['ideal_speedup'][1])}, {_num(r['ideal_speedup'][2])}] | "
             f"{_num(r['achieved_speedup'])} | {_num(r['speedup_efficiency'])} |"
         )
+    if committed:
+        lines += ["", seed_spread_note(committed, n)]
     lines += [
         "",
         f"| claim (paper) | difference, points [{conf}] | holds | significant (interval on the claimed side) |",

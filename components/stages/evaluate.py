@@ -19,6 +19,7 @@ from components.evaluation.plots import ACCURACY_PNG, SPEEDUP_PNG
 from components.evaluation.recipe import recipe_summary
 from components.evaluation.report import publish_wandb
 from components.evaluation.runner import CheckpointSpec, evaluate_checkpoints
+from components.evaluation.spread import committed_spread, read_committed_spread
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,9 @@ def stage_outputs(io: StageIO) -> EvalOutputs:
 
 def run(cfg: Any, io: StageIO) -> dict[str, Any]:
     ecfg = cfg.evaluate
+    # the committed seed spread (evaluate.seed_spread; its directory a dep in dvc.yaml), read first: a
+    # malformed file fails the stage before the decode, not after it
+    seed_spread = read_committed_spread(ecfg.seed_spread)
     checkpoints = [
         CheckpointSpec(
             name=name,
@@ -52,9 +56,15 @@ def run(cfg: Any, io: StageIO) -> dict[str, Any]:
     result = evaluate_checkpoints(cfg, checkpoints, ecfg.benchmarks, io.input("sample_orz/problems"), work)
     bench = ecfg.recipe_benchmark_name()
     if bench is not None:  # the paper's comparison with its uncertainty, in the report and metrics.json
-        result.metrics["recipe"] = recipe_summary(
+        recipe = recipe_summary(
             result.metrics, result.records, bench, ecfg.recipe_confidence, ecfg.recipe_resamples
         )
+        if recipe["rows"]:  # the committed seed spread beside it, or the report says there is none
+            first = recipe["rows"][0]
+            recipe["seed_spread"] = committed_spread(
+                ecfg.seed_spread, seed_spread, bench, first["n_problems"], first["n_samples"]
+            )
+        result.metrics["recipe"] = recipe
     # flows/pipeline.py publishes report.md as a Prefect artifact after the stage; nothing to do here.
     write_evaluation(result, out, f"Evaluation of profile `{cfg.profile}`", ecfg.records_shards)
     # W&B run id kept in the stage's work dir (artifacts/evaluate/work, not a DVC out) so reruns resume it.

@@ -9,7 +9,7 @@ import yaml
 from pydantic import ValidationError
 
 from components.config import load_config, parallel_r1_stages
-from components.dag import stage_io
+from components.dag import load_stages, stage_io
 from components.engine import GenerationConfig
 from components.evaluation.config import BenchmarkSpec, EvaluateConfig
 from components.evaluation.plots import ACCURACY_JSON, SPEEDUP_JSON
@@ -109,3 +109,14 @@ def test_plot_files_are_the_ones_dvc_yaml_declares(in_repo: Path) -> None:
         str(out.plots_dir / ACCURACY_JSON): ("accuracy", "checkpoint"),
         str(out.plots_dir / SPEEDUP_JSON): ("achieved_speedup", "checkpoint"),
     }
+
+
+def test_the_profiles_name_a_spread_file_the_evaluate_stage_depends_on(in_repo: Path) -> None:
+    deps = [d.rstrip("/") for d in load_stages()["evaluate"].deps]
+    for profile in ("tiny", "qwen3-4b"):
+        path = load_config(profile=profile).evaluate.seed_spread
+        if path is not None:
+            # DVC reruns evaluate when the file changes and needs no file to run (its directory is the dep)
+            assert any(Path(path).is_relative_to(d) and Path(d).is_dir() for d in deps), path
+    assert load_config(profile="tiny").evaluate.seed_spread == "eval/seed_spread/tiny.json"
+    assert load_config(profile="qwen3-4b").evaluate.seed_spread is None
