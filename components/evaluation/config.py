@@ -101,6 +101,9 @@ class EvaluateConfig(StrictModel):
     # spread beside each checkpoint's avg@n. None = none committed; a path that does not exist (yet) is
     # reported as such. Keep it under a directory that dvc.yaml's evaluate stage depends on.
     seed_spread: str | None = Field(None, min_length=1)
+    # A markdown note on what this profile's run can and cannot show (the miniature's scale), printed at the
+    # top of the report. None = none. Keep it under a directory the evaluate stage depends on (eval/notes).
+    scale_note: str | None = Field(None, min_length=1)
 
     @model_validator(mode="after")
     def _consistent(self) -> EvaluateConfig:

@@ -139,6 +139,19 @@ def _merge_line(merge: Mapping[str, Any] | None) -> list[str]:
     return [f"Merge: semantics {merge['semantics']}, decoded with {merge['mode']} ({how})."]
 
 
+def read_scale_note(path: str | None) -> str | None:
+    """The profile's note on what its run can show (``evaluate.scale_note``), or None when unset; a named
+    file that is missing or empty is a config error (the report would silently lose its caveats)."""
+    from components.settings import ConfigError
+
+    if path is None:
+        return None
+    note = Path(path)
+    if not note.is_file() or not note.read_text().strip():
+        raise ConfigError(f"evaluate.scale_note: {path} is not a non-empty file (set it to null for no note)")
+    return note.read_text()
+
+
 def render_report(eval_metrics: Mapping[str, Any], title: str, images: Sequence[str] = ()) -> str:
     """The whole markdown report. ``images`` are file names relative to the report (the PNG plots)."""
     s = eval_metrics["settings"]
@@ -156,6 +169,8 @@ def render_report(eval_metrics: Mapping[str, Any], title: str, images: Sequence[
         "ideal = total / critical-path tokens.",
         "",
     ]
+    if s.get("scale_note"):
+        parts += ["## What this run can show", "", s["scale_note"].strip(), ""]
     if eval_metrics.get("recipe"):
         from components.evaluation.recipe import recipe_markdown
 

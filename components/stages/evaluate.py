@@ -17,7 +17,7 @@ from components.dag import StageIO
 from components.evaluation.outputs import EvalOutputs, write_evaluation
 from components.evaluation.plots import ACCURACY_PNG, SPEEDUP_PNG
 from components.evaluation.recipe import recipe_summary
-from components.evaluation.report import publish_wandb
+from components.evaluation.report import publish_wandb, read_scale_note
 from components.evaluation.runner import CheckpointSpec, evaluate_checkpoints
 from components.evaluation.spread import committed_spread, read_committed_spread
 
@@ -39,6 +39,7 @@ def run(cfg: Any, io: StageIO) -> dict[str, Any]:
     # the committed seed spread (evaluate.seed_spread; its directory a dep in dvc.yaml), read first: a
     # malformed file fails the stage before the decode, not after it
     seed_spread = read_committed_spread(ecfg.seed_spread)
+    scale_note = read_scale_note(ecfg.scale_note)
     checkpoints = [
         CheckpointSpec(
             name=name,
@@ -65,6 +66,7 @@ def run(cfg: Any, io: StageIO) -> dict[str, Any]:
                 ecfg.seed_spread, seed_spread, bench, first["n_problems"], first["n_samples"]
             )
         result.metrics["recipe"] = recipe
+    result.metrics["settings"]["scale_note"] = scale_note
     # flows/pipeline.py publishes report.md as a Prefect artifact after the stage; nothing to do here.
     write_evaluation(result, out, f"Evaluation of profile `{cfg.profile}`", ecfg.records_shards)
     # W&B run id kept in the stage's work dir (artifacts/evaluate/work, not a DVC out) so reruns resume it.

@@ -103,3 +103,34 @@ def test_smoke_samples_get_their_own_table_and_no_average(make_eval: Any) -> Non
     flat = flat_metrics(ev)  # W&B's summary: smoke numbers kept apart, under smoke/
     assert flat["papo_rl/smoke/aime24/accuracy"] == 0.1 and "papo_rl/aime24/accuracy" not in flat
     assert flat["papo_rl/tiny_test/accuracy"] == 0.5
+
+
+def test_the_scale_note_heads_the_report_and_a_missing_one_is_a_config_error(
+    make_eval: Any, tmp_path: Path
+) -> None:
+    """``evaluate.scale_note``: the profile's note on what its run can show, at the top of the report; the
+    tiny profile's names the structural targets and says its accuracy differences need the seed spread."""
+    import pytest
+
+    from components.config import load_config
+    from components.evaluation.report import read_scale_note
+    from components.settings import ConfigError
+
+    root = Path(__file__).resolve().parents[3]
+    note_path = load_config(profile="tiny").evaluate.scale_note
+    note = read_scale_note(str(root / note_path))
+    assert "parallel rate" in note and "ideal speedup" in note and "seed spread" in note
+    ev = _two_checkpoints(make_eval)
+    ev["settings"]["scale_note"] = note
+    md = render_report(ev, "Eval")
+    assert md.index("## What this run can show") < md.index("## Accuracy")
+    assert "every stage runs end to end" in md
+    ev["settings"]["scale_note"] = None
+    assert "What this run can show" not in render_report(ev, "Eval")
+
+    assert read_scale_note(None) is None
+    with pytest.raises(ConfigError, match="evaluate.scale_note: .*missing.md is not a non-empty file"):
+        read_scale_note(str(tmp_path / "missing.md"))
+    (tmp_path / "empty.md").write_text("\n")
+    with pytest.raises(ConfigError, match="not a non-empty file"):
+        read_scale_note(str(tmp_path / "empty.md"))
