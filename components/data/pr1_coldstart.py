@@ -11,7 +11,7 @@ Two sources, one gate (``check_coldstart``):
 - ``synthetic`` (tiny profile): the easy problems of ``sample_orz``'s train split (difficulties from the
   config), each rendered by ``render_trajectory`` with the synthetic generator's public API
   (``expression_of``, ``Expression.step_text``, ``Expression.takeaway``): one block whose paths each solve the whole
-  problem on their own (in an order drawn per path), a summary that reconciles them, the answer line. The
+  problem on their own (bracket by bracket, named ``Bracket i:``), a summary that reconciles them, the answer line. The
   paths of a block are decoded from the same context (that is what makes them parallel), so they can
   only differ by sampling: they are alternative attempts, as Parallel-R1's are, not a split of the work;
 - ``local`` (GPU profile): JSON / JSONL files under a directory, GSM8K-style
@@ -43,25 +43,28 @@ _RESPONSE_KEYS = ("response", "trajectory")
 
 
 # ----------------------------------------------------------------------------------------- rendering
-def _attempt(expr: Any, reverse: bool) -> str:
-    """One path: every bracket worked out to its named value (in order, or from the last one), then the
-    combination of the named values."""
-    order = range(len(expr.parts), 0, -1) if reverse else range(1, len(expr.parts) + 1)
-    return ", ".join(expr.step_text(i) for i in order) + f", so {expr.takeaway}"
+def _attempt(expr: Any) -> str:
+    """One path: every bracket worked out to its named value, in order and named as the seed's sequential
+    solutions name them (``Bracket 2: ...``), then the combination of the named values. Paths drawn from
+    the last bracket, without the names, were copied wrong: a 240-step cold start on them scored 9% on val
+    (issue 27, docs/results.md)."""
+    steps = " ".join(f"Bracket {i}: {expr.step_text(i)}." for i in range(1, len(expr.parts) + 1))
+    return f"{steps} So {expr.takeaway}"
 
 
 def render_trajectory(record: Mapping[str, Any], paths: int, rng: random.Random) -> str:
     """The Parallel-R1 response to a synthetic problem record (module docstring), in canonical layout.
 
-    ``paths`` independent attempts in one block (each solving the whole problem, bracket order drawn per
-    path), a summary that states their common value, then ``Final Answer: <value>``.
+    ``paths`` independent attempts in one block (each solving the whole problem, see ``_attempt``), a summary
+    that states their common value, then ``Final Answer: <value>``. ``rng`` is kept for the call's symmetry
+    with the other renderers; the rendering has one form (its paths differ only when sampled).
     """
     from components.data.synthetic import expression_of
 
     if paths < 2:
         raise ValueError(f"a Parallel-R1 block needs at least 2 paths, got {paths}")
     expr = expression_of(record)
-    body = "".join(f"<Path>{_attempt(expr, rng.random() < 0.5)}</Path>" for _ in range(paths))
+    body = "".join(f"<Path>{_attempt(expr)}</Path>" for _ in range(paths))
     who = "both paths" if paths == 2 else f"all {paths} paths"
     return (
         f"<Parallel>{body}</Parallel><Summary>{who} give {expr.value}</Summary>\nFinal Answer: {expr.value}"

@@ -51,14 +51,20 @@ def test_rendered_trajectories_are_valid_correct_and_parallel(difficulty: str) -
         render_trajectory(record, 1, rng)
 
 
-def test_paths_are_independent_attempts_in_a_drawn_order() -> None:
-    """Both orders occur: a path never depends on its sibling (they are decoded from the same context)."""
+def test_paths_are_whole_attempts_named_as_the_seed_names_brackets() -> None:
+    """Each path solves the whole problem on its own, bracket by bracket in order, each named ``Bracket i:``
+    (the seed's sequential phrasing) and ending in its named value; the paths of a block differ only when
+    sampled (they are decoded from the same context), so the rendered ones are identical."""
     record = next(
-        r for r in synthetic.generate_problems(20, seed=3) if len(synthetic.expression_of(r).parts) >= 2
+        r for r in synthetic.generate_problems(20, seed=3) if len(synthetic.expression_of(r).parts) >= 3
     )
-    texts = {render_trajectory(record, 2, random.Random(s)) for s in range(20)}
-    paths = {p.split("</Path>")[0] for t in texts for p in t.split("<Path>")[1:]}
-    assert len(paths) == 2  # forward and reverse bracket order
+    expr = synthetic.expression_of(record)
+    text = render_trajectory(record, 2, random.Random(0))
+    paths = [p.split("</Path>")[0] for p in text.split("<Path>")[1:]]
+    assert len(paths) == 2 and paths[0] == paths[1]
+    starts = [paths[0].index(f"Bracket {i}: {expr.step_text(i)}.") for i in range(1, len(expr.parts) + 1)]
+    assert starts == sorted(starts) and starts[0] == 0
+    assert paths[0].endswith(f"So {expr.takeaway}")
 
 
 def test_synthetic_rows_take_the_configured_difficulties() -> None:
