@@ -139,6 +139,22 @@ def _merge_line(merge: Mapping[str, Any] | None) -> list[str]:
     return [f"Merge: semantics {merge['semantics']}, decoded with {merge['mode']} ({how})."]
 
 
+def _engine_settings_line(checkpoints: Mapping[str, Any]) -> list[str]:
+    """The checkpoints decoded with their own engine settings (Parallel-R1's paths and token budget), so a
+    reader sees that their samples had another budget than the sampling line's."""
+    own = {
+        name: ", ".join(f"{k}={v}" for k, v in sorted(c["engine_settings"].items()) if v is not None)
+        for name, c in checkpoints.items()
+        if c.get("engine_settings")
+    }
+    if not own:
+        return []
+    groups: dict[str, list[str]] = {}
+    for name, text in own.items():
+        groups.setdefault(text, []).append(name)
+    return ["Own engine settings: " + "; ".join(f"{', '.join(n)}: {t}" for t, n in groups.items()) + "."]
+
+
 def read_scale_note(path: str | None) -> str | None:
     """The profile's note on what its run can show (``evaluate.scale_note``), or None when unset; a named
     file that is missing or empty is a config error (the report would silently lose its caveats)."""
@@ -162,6 +178,7 @@ def render_report(eval_metrics: Mapping[str, Any], title: str, images: Sequence[
         "",
         f"Sampling: {sampling}. Prompt hash `{s['prompt_hash']}`. Engine: {engine}.",
         *_merge_line(s.get("merge")),
+        *_engine_settings_line(eval_metrics["checkpoints"]),
         "Accuracy is avg@n: the fraction of the n samples of a problem that are correct, averaged over "
         "problems (in %). pass@k is the unbiased estimator. Parallel rate counts responses with at least one "
         "valid block of ≥ 2 plans (and ≥ 1 plan). Speedup compares tokens/s of the same checkpoint on the "

@@ -134,3 +134,11 @@ def test_the_scale_note_heads_the_report_and_a_missing_one_is_a_config_error(
     (tmp_path / "empty.md").write_text("\n")
     with pytest.raises(ConfigError, match="not a non-empty file"):
         read_scale_note(str(tmp_path / "empty.md"))
+
+
+def test_checkpoints_with_their_own_engine_settings_are_named(make_eval: Any) -> None:
+    """Parallel-R1's checkpoints decode with their own paths and token budget: the report says so."""
+    ev = _two_checkpoints(make_eval)
+    assert "Own engine settings" not in render_report(ev, "Eval")
+    ev["checkpoints"]["papo_rl"]["engine_settings"] = {"paths": 2, "max_step_tokens": None, "max_new_tokens": 448}
+    assert "Own engine settings: papo_rl: max_new_tokens=448, paths=2." in render_report(ev, "Eval")
