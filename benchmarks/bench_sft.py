@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO))
 MEMORY_CHILD = r"""
 import json, resource, sys
 import torch
-from components.parallel import TagIds, parallel_segments, to_additive_mask
+from components.structure import TagIds, parallel_segments, to_additive_mask
 from components.structure import get_schema
 length, form = int(sys.argv[1]), sys.argv[2]
 schema = get_schema("npr")
@@ -67,7 +67,7 @@ def step_time_ratio(repeats: int, batch: int) -> dict[str, float]:
     from components.data import synthetic
     from components.models.config import TinyArchitecture
     from components.models.tiny import build_tiny_model, synthetic_corpus, train_tokenizer
-    from components.parallel import TagIds
+    from components.structure import TagIds
     from components.training.precision import compute_autocast
     from components.training.sft import token_nll
     from components.training.sft_data import collate, encode_example

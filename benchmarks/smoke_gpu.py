@@ -552,7 +552,7 @@ def shaped_model_rows(
 ) -> list[Row]:
     from components.models.tags import add_tag_tokens
     from components.models.tiny import tiny_test_world
-    from components.parallel import TagIds
+    from components.structure import TagIds
 
     shape = SMALL if cpu else QWEN3_4B
     name = "Qwen3-4B shape" if not cpu else "small Qwen3"

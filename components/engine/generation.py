@@ -52,7 +52,7 @@ class Generation:
     in plan order), WITHOUT the stop token; ``logprobs[i]`` is ``log_softmax(model logits)[token_ids[i]]``
     computed from the token that precedes ``token_ids[i]`` in that flat layout, with the parallel mask and
     positions: exactly what a trainer recomputes teacher-forced with
-    ``components.parallel.parallel_attention_inputs``. It is the model's raw distribution, before
+    ``components.structure.parallel_attention_inputs``. It is the model's raw distribution, before
     temperature, top-p/top-k and repetition penalty. ``position_ids`` are the positions the engine used.
     ``forced[i]`` marks tokens the engine injected (``<step>`` + label at a fork, ``<takeaway>`` at a merge,
     a ``</step>`` closing a branch at ``max_step_tokens``, a forced response prefix).

@@ -40,7 +40,7 @@ def train_warmup(
     per ``section`` (its mode and prompt style): the body of the warmups and of ``pr1_coldstart``."""
     from components.models.loading import load_model, resolve_device, save_model
     from components.models.tags import add_tag_tokens
-    from components.parallel import TagIds
+    from components.structure import TagIds
     from components.training.distributed import DistContext, full_model_state
     from components.training.sft import EpochSource, SFTSettings
     from components.training.sft_data import prepare_examples

@@ -1,6 +1,6 @@
 """The one definition of the parallel-reasoning structure: schemas, parser, format score, attention mask
 and positions, layout normaliser and trace metrics. Everything else (SFT collator, rewards, filters,
-engine, evaluation) derives from this package; ``components.parallel`` re-exports it.
+engine, evaluation) imports it from here (one name: the ``components.parallel`` alias is gone, issue 29).
 """
 
 from components.structure.attention import (

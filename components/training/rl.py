@@ -7,7 +7,7 @@ One training step:
 2. **Rewards** from ``components.grading.rewards.score_many`` (``stage1`` / ``stage3``) plus DAPO's overlong
    penalty when ``overlong_buffer_len > 0``.
 3. **Structural filtering** (PAPO): a rollout whose response the canonical mask builder
-   (``components.parallel``) rejects, or that the reward flags as filtered, is dropped and counted by
+   (``components.structure``) rejects, or that the reward flags as filtered, is dropped and counted by
    reason; it is never scored.
 4. **Dynamic sampling** (DAPO): groups whose rewards are all equal are dropped and refilled from further
    generation batches up to ``max_gen_batches`` (``components.training.dapo.DynamicSampler``).
@@ -51,9 +51,9 @@ from components.engine import GenerationConfig, generate
 from components.engine.generation import exact_semantics
 from components.grading.judge import judge_many, summarize
 from components.grading.rewards import score_many
-from components.parallel import TagIds, parse_text, trace_metrics
 from components.progress import track
 from components.prompts import render_prompt
+from components.structure import TagIds, parse_text, trace_metrics
 from components.training.checkpoint import TrainingState, latest_checkpoint, load_checkpoint, save_checkpoint
 from components.training.dapo import DynamicSampler, DynamicSamplingStats, overlong_penalty
 from components.training.papo import post_merge_is_weights, post_merge_mask

@@ -5,7 +5,7 @@ What a step does:
   number (so a resumed run sees exactly the batches the crashed run would have seen); with
   ``length_splits > 1`` the step's examples are sorted by length and each micro-batch's worth runs as that
   many passes (the same gradient, less padding: 4 splits made a tiny seed step ~17% faster);
-- parallel mode: a 4D bool mask and parallel position ids from ``components.parallel`` (bool goes straight
+- parallel mode: a 4D bool mask and parallel position ids from ``components.structure`` (bool goes straight
   to sdpa; eager gets ``to_additive_mask``); sequential mode: a padding mask and plain causal attention;
 - loss = mean negative log-likelihood over the response tokens of the whole accumulated step (each token
   predicted from its parent position, see ``sft_data``), AdamW, grad-norm clipping, a warmup + cosine /
@@ -217,7 +217,7 @@ def token_nll(model: torch.nn.Module, batch: SFTBatch) -> tuple[torch.Tensor, in
     device = next(model.parameters()).device
     mask = batch.attention_mask.to(device)
     if mask.dim() == 4 and model.config._attn_implementation == "eager":
-        from components.parallel import to_additive_mask
+        from components.structure import to_additive_mask
 
         mask = to_additive_mask(mask, next(model.parameters()).dtype)
     input_ids = batch.input_ids.to(device)

@@ -24,9 +24,8 @@ from typing import Any, Literal
 
 import torch
 
-from components.parallel import prediction_sources
 from components.prompts import render_prompt
-from components.structure import MergeSemantics, lay_out
+from components.structure import MergeSemantics, lay_out, prediction_sources
 
 Mode = Literal["parallel", "sequential"]
 END_OF_TURN = "<|im_end|>"
@@ -133,7 +132,7 @@ def prepare_examples(
     normaliser changed). Reasons: ``missing_field``, ``over_length`` (> ``max_length`` tokens), and, in
     parallel mode, ``structure:<code>`` (the mask builder raised ``StructureError``).
     """
-    from components.parallel import StructureError, TagIds, normalize_layout_result
+    from components.structure import StructureError, TagIds, normalize_layout_result
 
     tags = TagIds.from_tokenizer(tokenizer, schema_name) if mode == "parallel" else None
     prepared = PreparedData(examples=[], n_records=len(records))
@@ -167,7 +166,7 @@ def prepare_examples(
 
 def check_parallel_structure(example: SFTExample, tags: Any) -> None:
     """Raise ``StructureError`` when the response cannot be given a parallel mask (O(L), no dense mask)."""
-    from components.parallel import parallel_segments
+    from components.structure import parallel_segments
 
     parallel_segments(example.input_ids, tags, start=example.n_prompt)
 
@@ -178,7 +177,7 @@ def causal_parents(length: int) -> torch.Tensor:
 
 
 def parents_from_mask(mask: torch.Tensor) -> torch.Tensor:
-    """long[B, L]: the position whose logits predict each token (``components.parallel.prediction_sources``)."""
+    """long[B, L]: the position whose logits predict each token (``components.structure.prediction_sources``)."""
     return prediction_sources(mask)
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from components.parallel import (
+from components.structure import (
     MULTIVERSE,
     NPR,
     TagIds,

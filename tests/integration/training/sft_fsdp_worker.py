@@ -20,8 +20,8 @@ from safetensors.torch import save_file
 from components.config import load_config
 from components.data import synthetic
 from components.models.tiny import tiny_test_world
-from components.parallel import TagIds
 from components.prompts import render_prompt
+from components.structure import TagIds
 from components.training.distributed import DistContext, full_model_state
 from components.training.sft import EpochSource, SFTSettings, train_sft
 from components.training.sft_data import encode_example

@@ -11,7 +11,7 @@ import torch
 
 from components.engine import GenerationConfig, generate
 from components.models.tiny import tiny_test_world
-from components.parallel import StructureError, TagIds
+from components.structure import StructureError, TagIds
 from components.training.rl_batch import Rollout, build_policy_batch, response_log_probs
 
 PLANS = "<guideline><plan>1: left</plan><plan>2: right</plan><plan>3: check</plan></guideline>"

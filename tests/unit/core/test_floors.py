@@ -29,7 +29,6 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "components.progress",
             "components.prompts",
             "components.dag",
-            "components.parallel",
             "components.storage_init",
             "components.code_deps",
         ),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from components.parallel import (
+from components.structure import (
     MULTIVERSE,
     NPR,
     PARALLEL_R1,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from components.parallel import (
+from components.structure import (
     MULTIVERSE,
     NPR,
     TagIds,

@@ -9,7 +9,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from components.parallel import (
+from components.structure import (
     MULTIVERSE,
     NPR,
     PARALLEL_R1,

@@ -13,8 +13,8 @@ import torch
 from components.config import load_config
 from components.data.synthetic import expression_of, generate_problems, render_parallel
 from components.models.tiny import tiny_test_world
-from components.parallel import StructureError, TagIds
 from components.prompts import render_prompt
+from components.structure import StructureError, TagIds
 from components.training.papo import post_merge_is_weights, post_merge_mask
 from components.training.rl import RLTrainer
 from components.training.rl_batch import Rollout, build_policy_batch, response_log_probs

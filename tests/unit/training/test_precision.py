@@ -19,7 +19,7 @@ from components.config import load_config
 from components.data import synthetic
 from components.data.synthetic import generate_problems
 from components.models.tiny import tiny_test_world
-from components.parallel import TagIds
+from components.structure import TagIds
 from components.training.precision import MasterWeightAdamW, PrecisionError, build_adamw, compute_autocast
 from components.training.rl import RLTrainer
 from components.training.rl_batch import Rollout

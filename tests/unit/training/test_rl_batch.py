@@ -10,8 +10,8 @@ import torch
 from components.config import load_config
 from components.data.synthetic import expression_of, generate_problems, render_parallel
 from components.models.tiny import tiny_test_world
-from components.parallel import TagIds, parallel_attention_inputs, prediction_sources
 from components.prompts import render_prompt
+from components.structure import TagIds, parallel_attention_inputs, prediction_sources
 from components.training.rl_batch import Rollout, build_policy_batch, response_log_probs, structural_rejection
 from components.training.rl_objective import actor_config, compute_advantages, compute_policy_loss
 

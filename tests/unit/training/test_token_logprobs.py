@@ -11,8 +11,8 @@ import torch
 from components.config import load_config
 from components.data.synthetic import expression_of, generate_problems, render_parallel
 from components.models.tiny import tiny_test_world
-from components.parallel import TagIds, prediction_sources
 from components.prompts import render_prompt
+from components.structure import TagIds, prediction_sources
 from components.training.memory_probe import measure
 from components.training.rl_batch import Rollout, build_policy_batch, response_log_probs
 from components.training.sft import token_nll
