@@ -11,7 +11,7 @@
   ``metrics.jsonl``); drawn by the top-level ``plots:`` of dvc.yaml.
 
 Provenance (prompt hash, profile, threads), nested tables and free text stay in the stage's full record,
-``artifacts/<stage>/metrics.json``, never here. This module is plumbing (``components.code_deps``): it only
+``artifacts/<stage>/metrics.json``, never here. This module is plumbing (``tests.support.code_deps``): it only
 reshapes what a stage returned or logged.
 """
 

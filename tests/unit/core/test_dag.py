@@ -98,7 +98,7 @@ def test_flow_runs_exactly_dvc_stages_in_order(in_repo: Path, monkeypatch: pytes
 
 def test_code_deps_cover_every_module_a_stage_computes_with(in_repo: Path) -> None:
     # a module a stage runs but does not depend on = a stale output DVC never reruns
-    from components.code_deps import stage_code_files, uncovered
+    from tests.support.code_deps import stage_code_files, uncovered
 
     for name, spec in load_stages().items():
         files = stage_code_files(name)
@@ -111,7 +111,7 @@ def test_code_deps_cover_every_module_a_stage_computes_with(in_repo: Path) -> No
 
 
 def test_code_closure_follows_lazy_imports_and_stops_at_plumbing(tmp_path: Path) -> None:
-    from components.code_deps import stage_code_files
+    from tests.support.code_deps import stage_code_files
 
     pkg = tmp_path / "components"
     (pkg / "stages").mkdir(parents=True)

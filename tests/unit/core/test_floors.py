@@ -30,7 +30,6 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "components.prompts",
             "components.dag",
             "components.storage_init",
-            "components.code_deps",
         ),
     ),
     (

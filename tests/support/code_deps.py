@@ -26,7 +26,6 @@ _PLUMBING_TOP = {
     "cli.py",
     "config.py",
     "dag.py",
-    "code_deps.py",
     "env.py",
     "errors.py",
     "fingerprint.py",
