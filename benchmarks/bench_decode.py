@@ -24,7 +24,7 @@ import components.engine.decoder as decoder
 from components.config import load_config
 from components.engine import GenerationConfig, generate
 from components.models.tiny import build_tiny_model, train_tokenizer
-from components.models.tiny_seed import tokenizer_corpus
+from components.training.tiny_seed import tokenizer_corpus
 
 
 def stock_path() -> contextlib.ExitStack:

@@ -31,11 +31,11 @@ sys.path.insert(0, str(REPO))
 from components.config import load_config, rl_stages  # noqa: E402
 from components.data import synthetic  # noqa: E402
 from components.models.tiny import build_tiny_model, train_tokenizer  # noqa: E402
-from components.models.tiny_seed import SeedSource, tokenizer_corpus  # noqa: E402
 from components.prompts import render_prompt  # noqa: E402
 from components.training.rl import RLTrainer  # noqa: E402
 from components.training.rl_batch import Rollout  # noqa: E402
 from components.training.sft import SFTSettings, _train_step, build_optimizer, build_scheduler  # noqa: E402
+from components.training.tiny_seed import SeedSource, tokenizer_corpus  # noqa: E402
 
 
 def padding(lengths_per_batch: list[list[int]]) -> float:

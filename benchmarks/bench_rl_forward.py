@@ -19,8 +19,8 @@ import torch
 from components.config import load_config
 from components.data.synthetic import expression_of, generate_problems, render_parallel
 from components.models.tiny import build_tiny_model, synthetic_corpus, train_tokenizer
-from components.structure import TagIds
 from components.prompts import render_prompt
+from components.structure import TagIds
 from components.training.rl_batch import Rollout, build_policy_batch, response_log_probs
 
 

@@ -67,6 +67,10 @@ app.add_typer(data_app, name="data")
 app.add_typer(nightly_app, name="nightly")
 storage_app = typer.Typer(no_args_is_help=True, help="The DVC remote's storage.")
 app.add_typer(storage_app, name="storage")
+verl_app = typer.Typer(no_args_is_help=True, help="The verl jobs of the RL stages (backend: verl).")
+app.add_typer(verl_app, name="verl")
+seed_app = typer.Typer(no_args_is_help=True, help="The tiny profile's instruct model (models/tiny-instruct).")
+app.add_typer(seed_app, name="seed")
 
 SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="Override a key: section.key=value")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the full result as JSON instead of a table")]
@@ -127,6 +131,53 @@ def config_use(profile: str, set_: SetOpt = None) -> None:
 
     cfg = materialise_profile(profile, set_ or [])
     typer.echo(f"params.yaml now holds profile {cfg.profile!r}")
+
+
+@verl_app.command("launch")
+def verl_launch(
+    stage: str,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Validate and print the job; write nothing, submit nothing")
+    ] = False,
+    profile: Annotated[str | None, typer.Option(help="A profile instead of params.yaml")] = None,
+) -> None:
+    """Validate an RL stage's verl job with verl itself, print its settings and command, and (without
+    --dry-run) write its inputs and submit it."""
+    from components.training.verl.launch import launch
+
+    code = launch(stage, _load(profile), dry_run=dry_run)
+    if code:
+        raise typer.Exit(code)
+
+
+@seed_app.command("build")
+def seed_build(
+    out: Annotated[Path | None, typer.Option(help="Model directory to write [models/tiny-instruct]")] = None,
+    work: Annotated[Path | None, typer.Option(help="Resumable work dir [artifacts/seed-build/work]")] = None,
+    steps: Annotated[int | None, typer.Option(help="Override seed.steps (a shorter build)")] = None,
+    # One thread by default: on a shared 2-core machine two threads ran a step 4x slower than one (the
+    # threads wait on each other whenever another process holds a core).
+    threads: Annotated[int | None, typer.Option(help="Torch threads [$NPR_TORCH_THREADS or 1]")] = None,
+    card_eval_n: Annotated[int | None, typer.Option(help="Validation problems in the card")] = None,
+    set_: SetOpt = None,
+) -> None:
+    """Build the tiny instruct checkpoint from scratch with the tiny profile's `seed` recipe (hours on 2
+    cores); writes the model, its card and checksums. Resumes from --work."""
+    import os
+
+    from components.training import tiny_seed
+
+    configure_logging()
+    cfg = _load("tiny", set_)
+    card = tiny_seed.build(
+        cfg,
+        out or tiny_seed.DEFAULT_OUT,
+        work or tiny_seed.DEFAULT_WORK,
+        steps,
+        threads or int(os.environ.get("NPR_TORCH_THREADS", "1")),
+        tiny_seed.CARD_EVAL_N if card_eval_n is None else card_eval_n,
+    )
+    typer.echo(json.dumps(card["validation"]["sampled_t1"], indent=1))
 
 
 @app.command("stage")

@@ -34,7 +34,7 @@ from components.artifacts import write_json
 from components.config import PipelineConfig, load_config
 from components.dag import stage_io
 from components.errors import UserError
-from components.evaluation.adhoc import checkpoint_name
+from components.evaluation.adhoc import checkpoint_name, evaluate_into
 from components.evaluation.config import BenchmarkSpec
 from components.evaluation.gate import (
     GateRefused,
@@ -49,15 +49,13 @@ from components.evaluation.gate import (
     save_last_green,
     write_baseline,
 )
-from components.evaluation.outputs import EvalOutputs, write_evaluation
 from components.evaluation.report import flat_metrics, in_prefect_run, publish_prefect
 from components.evaluation.runner import (
     CheckpointSpec,
     EvalResult,
     checkpoint_hash,
-    evaluate_checkpoints,
+    checkpoint_spec,
     grader_version,
-    needs_problems_dir,
     sampling_settings,
 )
 
@@ -82,14 +80,7 @@ def resolve_checkpoint(cfg: PipelineConfig, checkpoint: str | None) -> Checkpoin
             raise FileNotFoundError(
                 f"promoted checkpoint {path} is not in the workspace; pull it first (dvc pull {path})"
             )
-    return CheckpointSpec(
-        name,
-        path,
-        cfg.decode_mode_of(name),
-        cfg.prompt_style_of(name),
-        schema=cfg.schema_of(name),
-        engine_settings=cfg.engine_settings_of(name),
-    )
+    return checkpoint_spec(cfg, name, path)
 
 
 def resolve_baseline(cfg: PipelineConfig, checkpoint: str, baseline: str | None) -> Path:
@@ -134,14 +125,8 @@ def planned_evaluation(cfg: PipelineConfig, ckpt: CheckpointSpec, digest: str) -
 @task(name="evaluate-checkpoint")
 def evaluate_promoted(cfg: PipelineConfig, checkpoint: CheckpointSpec, out_dir: Path) -> EvalResult:
     """Evaluate the checkpoint (same runner as the stage) and write records, report and plot data."""
-    specs = nightly_benchmarks(cfg)
-    problems_dir = None
-    if needs_problems_dir(specs):
-        problems_dir = stage_io("evaluate").input("sample_orz/problems")
-    result = evaluate_checkpoints(cfg, [checkpoint], specs, problems_dir)
-    out = EvalOutputs(out_dir / "records", out_dir / "report", out_dir / "plots")
-    write_evaluation(result, out, f"Nightly evaluation of `{checkpoint.name}` ({cfg.profile})", 1)
-    write_json(out_dir / "metrics.json", result.metrics)
+    title = f"Nightly evaluation of `{checkpoint.name}` ({cfg.profile})"
+    result, _ = evaluate_into(cfg, [checkpoint], nightly_benchmarks(cfg), out_dir, title, n_shards=1)
     return result
 
 

@@ -23,7 +23,7 @@ Partition (why no evaluation problem is ever trained on, whatever the seeds): ev
 of three partitions by its content id (``partition``): 5% ``test``, 5% ``val``, the rest ``train``.
 `sample_orz` draws its held-out test split only from ``test``, its validation split only from ``val`` and
 its training split only from ``train``; the committed seed checkpoint was built from ``train`` problems
-only (``components.models.tiny_seed``). So the seed build, distillation and RL never see a test problem.
+only (``components.training.tiny_seed``). So the seed build, distillation and RL never see a test problem.
 
 Records follow the ORZ-normalised schema ``{id, problem, answer, source, difficulty}`` plus ``expression``
 (the brackets and the joining operators) so solutions can be rendered without re-parsing the text.

@@ -11,7 +11,13 @@ from components.data.benchmarks import BENCHMARK_NAMES, FieldMap, is_benchmark_f
 from components.errors import UserError
 from components.evaluation.config import BenchmarkSpec
 from components.evaluation.outputs import EvalOutputs, write_evaluation
-from components.evaluation.runner import CheckpointSpec, evaluate_checkpoints, needs_problems_dir
+from components.evaluation.runner import (
+    CheckpointSpec,
+    EvalResult,
+    checkpoint_spec,
+    evaluate_checkpoints,
+    needs_problems_dir,
+)
 
 MODES = ("parallel", "sequential")
 
@@ -84,23 +90,33 @@ def evaluate_checkpoint(
         preloaded[name] = records
         names.append(name)
     specs = benchmark_specs(cfg, names, k, frozenset(preloaded))
-    problems_dir = None
-    if needs_problems_dir([s for s in specs if s.name not in preloaded]):
-        problems_dir = stage_io("evaluate").input("sample_orz/problems")
-    name = checkpoint_name(checkpoint)
-    spec = CheckpointSpec(
-        name,
-        checkpoint,
-        mode,  # type: ignore[arg-type]
-        cfg.prompt_style_of(name),
-        schema=cfg.schema_of(name),
-        engine_settings=cfg.engine_settings_of(name, evaluation=True),
+    spec = checkpoint_spec(cfg, checkpoint_name(checkpoint), checkpoint, mode)  # type: ignore[arg-type]
+    result, out = evaluate_into(
+        cfg, [spec], specs, Path(out_dir), f"Ad-hoc evaluation of `{checkpoint}`", preloaded=preloaded
     )
-    result = evaluate_checkpoints(cfg, [spec], specs, problems_dir, preloaded=preloaded)
-    out_dir = Path(out_dir)
-    out = EvalOutputs(
-        records_dir=out_dir / "records", report_dir=out_dir / "report", plots_dir=out_dir / "plots"
-    )
-    write_evaluation(result, out, f"Ad-hoc evaluation of `{checkpoint}`", cfg.evaluate.records_shards)
-    write_json(out_dir / "metrics.json", result.metrics)
     return {**result.metrics, "report": str(out.report)}
+
+
+def evaluate_into(
+    cfg: Any,
+    checkpoints: list[CheckpointSpec],
+    benchmarks: list[BenchmarkSpec],
+    out_dir: Path,
+    title: str,
+    *,
+    preloaded: dict[str, list[dict[str, Any]]] | None = None,
+    n_shards: int | None = None,
+) -> tuple[EvalResult, EvalOutputs]:
+    """Evaluate ``checkpoints`` on ``benchmarks`` and write records/, report/, plots/ and metrics.json
+    under ``out_dir``: what ``npr eval`` and the nightly do (the stage writes into its DVC outputs).
+    ``preloaded``: benchmarks already read (a user's files); ``n_shards``: record shards per checkpoint
+    and benchmark (default ``evaluate.records_shards``)."""
+    preloaded = preloaded or {}
+    problems_dir = None
+    if needs_problems_dir([s for s in benchmarks if s.name not in preloaded]):
+        problems_dir = stage_io("evaluate").input("sample_orz/problems")
+    result = evaluate_checkpoints(cfg, checkpoints, benchmarks, problems_dir, preloaded=preloaded)
+    out = EvalOutputs(out_dir / "records", out_dir / "report", out_dir / "plots")
+    write_evaluation(result, out, title, n_shards or cfg.evaluate.records_shards)
+    write_json(out_dir / "metrics.json", result.metrics)
+    return result, out

@@ -74,6 +74,20 @@ class CheckpointSpec:
     engine_settings: Mapping[str, Any] = field(default_factory=dict)
 
 
+def checkpoint_spec(cfg: Any, name: str, path: Path, mode: Mode | None = None) -> CheckpointSpec:
+    """How the evaluation decodes checkpoint ``name`` from ``path``: its mode (``mode`` overrides it, as
+    ``npr eval --mode`` does), instruction, schema and engine settings, all from the config (a
+    ``PipelineConfig``). The one builder the evaluate stage, ``npr eval`` and the nightly share."""
+    return CheckpointSpec(
+        name,
+        Path(path),
+        mode or cfg.decode_mode_of(name),
+        cfg.prompt_style_of(name),
+        schema=cfg.schema_of(name),
+        engine_settings=cfg.engine_settings_of(name, evaluation=True),
+    )
+
+
 @dataclass
 class EvalResult:
     """Everything one evaluation produced: the metrics dict and the per-sample records."""

@@ -54,7 +54,7 @@ class ModelsConfig(StrictModel):
 
 
 class SeedConfig(StrictModel):
-    """The tiny instruct model's build recipe (``components.models.tiny_seed``) and stage `seed`'s measurement.
+    """The tiny instruct model's build recipe (``components.training.tiny_seed``) and stage `seed`'s measurement.
 
     The recipe (steps, batch, schedule, style mix) is what built the committed ``models/tiny-instruct`` and
     what stage `seed` runs when ``models.base_model`` is ``tiny`` (a from-scratch build; ``enabled: false``

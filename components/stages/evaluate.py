@@ -18,7 +18,7 @@ from components.evaluation.outputs import EvalOutputs, write_evaluation
 from components.evaluation.plots import ACCURACY_PNG, SPEEDUP_PNG
 from components.evaluation.recipe import recipe_summary
 from components.evaluation.report import publish_wandb, read_scale_note
-from components.evaluation.runner import CheckpointSpec, evaluate_checkpoints
+from components.evaluation.runner import checkpoint_spec, evaluate_checkpoints
 from components.evaluation.spread import committed_spread, read_committed_spread
 
 log = logging.getLogger(__name__)
@@ -40,17 +40,7 @@ def run(cfg: Any, io: StageIO) -> dict[str, Any]:
     # malformed file fails the stage before the decode, not after it
     seed_spread = read_committed_spread(ecfg.seed_spread)
     scale_note = read_scale_note(ecfg.scale_note)
-    checkpoints = [
-        CheckpointSpec(
-            name=name,
-            path=io.input(f"{name}/model"),
-            mode=cfg.decode_mode_of(name),
-            prompt_style=cfg.prompt_style_of(name),
-            schema=cfg.schema_of(name),
-            engine_settings=cfg.engine_settings_of(name, evaluation=True),
-        )
-        for name in ecfg.checkpoints
-    ]
+    checkpoints = [checkpoint_spec(cfg, name, io.input(f"{name}/model")) for name in ecfg.checkpoints]
     out = stage_outputs(io)
     # the stage's work dir (artifacts/evaluate/work, stamped by run_stage) keeps finished checkpoints
     work = out.report_dir.parent / "work"

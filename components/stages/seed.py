@@ -2,7 +2,7 @@
 
 Both profiles materialise ``models.base_model`` into the stage output: load it as a user would (a local
 directory, or a hub id where the hub is reachable) and save it unchanged. On the tiny profile that is the
-committed checkpoint ``models/tiny-instruct`` (built once by ``components.models.tiny_seed``; its
+committed checkpoint ``models/tiny-instruct`` (built once by ``components.training.tiny_seed``; its
 ``SHA256SUMS`` are verified first, so a truncated copy or a Git LFS pointer fails here with a clear error);
 on qwen3-4b it is Qwen3-4B-Instruct-2507.
 
@@ -43,7 +43,7 @@ def run(cfg: PipelineConfig, io: StageIO) -> dict[str, Any]:
 def materialise_base_model(cfg: PipelineConfig) -> tuple[Any, Any, dict[str, Any]]:
     """Load ``models.base_model`` (hub id or local dir; local dirs with ``SHA256SUMS`` are verified)."""
     from components.models.loading import is_local_model_dir, load_model
-    from components.models.tiny_seed import CARD_JSON, read_card, verify_checksums
+    from components.training.tiny_seed import CARD_JSON, read_card, verify_checksums
 
     source = cfg.models.base_model
     metrics: dict[str, Any] = {"base_model": source}
@@ -52,7 +52,7 @@ def materialise_base_model(cfg: PipelineConfig) -> tuple[Any, Any, dict[str, Any
         # models/<name> names a directory of this checkout, not a hub id: say so instead of asking the hub
         raise FileNotFoundError(
             f"models.base_model {source!r} does not exist (is the checkout complete? the tiny profile's "
-            "checkpoint is committed; `python -m components.models.tiny_seed` rebuilds it)"
+            "checkpoint is committed; `npr seed build` rebuilds it)"
         )
     if is_local_model_dir(source):
         checked = verify_checksums(Path(source))
@@ -66,7 +66,7 @@ def materialise_base_model(cfg: PipelineConfig) -> tuple[Any, Any, dict[str, Any
 
 def build_tiny_seed(cfg: PipelineConfig, io: StageIO) -> tuple[Any, Any, dict[str, Any]]:
     """The committed checkpoint's build (``tiny_seed.train_seed``), resumable in the stage's work dir."""
-    from components.models.tiny_seed import train_seed
+    from components.training.tiny_seed import train_seed
 
     work = Path(io.output("model")).parent / "work"
     steps = cfg.seed.steps if cfg.seed.enabled else 0
@@ -85,7 +85,7 @@ def build_tiny_seed(cfg: PipelineConfig, io: StageIO) -> tuple[Any, Any, dict[st
 def evaluate_seed(model: Any, tokenizer: Any, problems_dir: Path, cfg: PipelineConfig) -> dict[str, Any]:
     """Sample one response per held-out problem (sequential engine) and grade it."""
     from components.data.problems import load_tuning_split
-    from components.models.tiny_seed import measure
+    from components.training.tiny_seed import measure
 
     split, problems = load_tuning_split(problems_dir)
     chosen = problems[: cfg.seed.eval_n]

@@ -717,13 +717,13 @@ def validate_job(stage: str, cfg: Any) -> VerlJobCheck:
     estimator in verl's registries, the actor engine class by vendor key (``EngineRegistry``, device cuda),
     the agent loop class, the reward manager class and the reward function file (loaded and called once).
     """
-    from components.config import rl_stages
     from components.training.config import RLStageConfig
 
     # a verl job is an RL section's (its type says so), whatever the stage is called
     stage_cfg = getattr(cfg, stage, None)
     if not isinstance(stage_cfg, RLStageConfig):
-        raise ConfigError(f"unknown RL stage {stage!r}; verl jobs exist for {', '.join(rl_stages())}")
+        rl = [name for name in type(cfg).model_fields if isinstance(getattr(cfg, name), RLStageConfig)]
+        raise ConfigError(f"unknown RL stage {stage!r}; verl jobs exist for {', '.join(rl)}")
     _check_stage_settings(stage, stage_cfg, cfg)
     inputs, _ = job_inputs(stage, cfg)
     overrides = stage_overrides(stage, cfg, inputs)
@@ -901,72 +901,44 @@ def _resolve_sampler(stage: str, config: Any) -> str | None:
         raise ConfigError(f"{stage}: the job's replay buffer {custom.path}:{custom.name} does not load: {err}") from err
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m components.training.verl.launch STAGE [--dry-run] [--profile P]``: validate the verl
-    job of an RL stage, print its settings and command, and (without ``--dry-run``) write its inputs and
-    submit it."""
-    import argparse
+def launch(stage: str, cfg: Any, dry_run: bool = False) -> int:
+    """``npr verl launch STAGE [--dry-run] [--profile P]``: validate the verl job of an RL stage, print its
+    settings and command, and (without ``dry_run``) write its inputs and submit it; returns the exit status."""
     import subprocess
 
-    from components.config import load_config, rl_stages
     from components.dag import stage_io
 
-    parser = argparse.ArgumentParser(description=main.__doc__)
-    parser.add_argument("stage", choices=list(rl_stages()))
-    parser.add_argument(
-        "--dry-run", action="store_true", help="validate and print the job; write nothing, submit nothing"
-    )
-    parser.add_argument("--profile", default=None, help="a profile instead of params.yaml")
-    args = parser.parse_args(argv)
-    cfg = load_config(profile=args.profile) if args.profile else load_config()
-    stage_cfg = getattr(cfg, args.stage)
+    stage_cfg = getattr(cfg, stage)
     try:
-        check = validate_job(args.stage, cfg)
+        check = validate_job(stage, cfg)
     except ConfigError as err:
         print(f"error: {err}")
         return 2
-    print(f"# {args.stage} ({cfg.profile}): verl accepts the job")
+    print(f"# {stage} ({cfg.profile}): verl accepts the job")
     for key, value in check.summary().items():
         print(f"#   {key}: {json.dumps(value, sort_keys=True)}")
-    if args.dry_run:
-        inputs, _ = job_inputs(args.stage, cfg)
-        overrides = stage_overrides(args.stage, cfg, inputs)
+    if dry_run:
+        inputs, _ = job_inputs(stage, cfg)
+        overrides = stage_overrides(stage, cfg, inputs)
         print(
             shlex.join(
                 ray_job_command(
-                    stage_cfg,
-                    overrides,
-                    f"npr-{args.stage}-{cfg.profile}",
-                    cfg.schema_of(args.stage),
-                    cfg.merge_semantics,
+                    stage_cfg, overrides, f"npr-{stage}-{cfg.profile}", cfg.schema_of(stage), cfg.merge_semantics
                 )
             )
         )
         return 0
-    if args.stage == "pr1_rl":
-        # its training problems come from the Parallel-R1 data layer, which the stage runs
-        print("error: pr1_rl's job is written and submitted by its stage: run `npr stage pr1_rl`")
+    if stage_cfg.SCHEMA is not None:
+        # its training problems come from its own data layer (Parallel-R1's), which the stage runs
+        print(f"error: {stage}'s job is written and submitted by its stage: run `npr stage {stage}`")
         return 2
-    io = stage_io(args.stage)
-    run_dir = Path(cfg.run.artifacts_dir) / args.stage / "work" / "verl"
+    io = stage_io(stage)
+    run_dir = Path(cfg.run.artifacts_dir) / stage / "work" / "verl"
     command, path = prepare_launch(
-        args.stage,
-        cfg,
-        io.input(f"{stage_cfg.init_from}/model"),
-        io.input("sample_orz/problems"),
-        run_dir,
-        write=not args.dry_run,
+        stage, cfg, io.input(f"{stage_cfg.init_from}/model"), io.input("sample_orz/problems"), run_dir, write=True
     )
-    print(
-        f"# dry run: nothing written (the overrides would go to {path})"
-        if args.dry_run
-        else f"# overrides written to {path}"
-    )
+    print(f"# overrides written to {path}")
     print(shlex.join(command))
     if not stage_cfg.verl.ray_address:  # the stage starts (and stops) its own Ray head, then merges
-        return subprocess.call(["npr", "stage", args.stage])
+        return subprocess.call(["npr", "stage", stage])
     return subprocess.call(command)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

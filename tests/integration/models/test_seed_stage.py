@@ -13,9 +13,9 @@ from components.config import load_config
 from components.dag import StageIO
 from components.data import synthetic
 from components.models.loading import load_model
-from components.models.tiny_seed import CHECKSUMS_FILE, read_card
 from components.stages import apply_run_settings
 from components.stages.seed import run
+from components.training.tiny_seed import CHECKSUMS_FILE, read_card
 
 pytestmark = pytest.mark.slow
 

@@ -13,8 +13,8 @@ import pytest
 from components.config import load_config
 from components.data import synthetic
 from components.data.benchmarks import BENCHMARKS, load_benchmark
-from components.models import tiny_seed
 from components.models.loading import load_model
+from components.training import tiny_seed
 
 pytestmark = pytest.mark.slow
 

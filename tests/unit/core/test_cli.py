@@ -123,16 +123,35 @@ def test_grade_jsonl_isolates_a_non_utf8_line(tmp_path: Path, monkeypatch: pytes
     assert ok.exit_code == 0 and "errors 0" in ok.stderr
 
 
-def test_the_verl_launch_dry_run_writes_nothing(checkout: Path, capsys) -> None:
+def test_the_verl_launch_dry_run_writes_nothing(checkout: Path) -> None:
     from components.artifacts import write_shards
     from components.data.synthetic import generate_problems
-    from components.training.verl.launch import main
-
     problems = checkout / "artifacts" / "sample_orz" / "problems"
     write_shards(problems, [dict(p, split="train") for p in generate_problems(4, seed=1)], 1, stem="train")
     write_shards(problems, [dict(p, split="test") for p in generate_problems(2, seed=2)], 1, stem="test")
     before = sorted(p.relative_to(checkout) for p in checkout.rglob("*"))
-    assert main(["npr_zero", "--dry-run"]) == 0
-    out = capsys.readouterr().out
-    assert "verl accepts the job" in out  # it printed the validated job
+    result = _invoke("verl", "launch", "npr_zero", "--dry-run")
+    assert result.exit_code == 0, result.output
+    assert "verl accepts the job" in result.output  # it printed the validated job
     assert sorted(p.relative_to(checkout) for p in checkout.rglob("*")) == before
+
+
+def test_seed_build_is_an_npr_command_with_the_tiny_recipe(monkeypatch, tmp_path: Path) -> None:
+    """`npr seed build` (no `python -m` entry inside components/): the tiny profile's `seed` recipe, with its
+    overrides, the output and work dirs, the step override and the thread count passed through."""
+    from components.training import tiny_seed
+
+    seen = {}
+
+    def fake_build(cfg, out, work, steps, threads, eval_n):
+        seen.update(profile=cfg.profile, lr=cfg.seed.lr, out=out, work=work, steps=steps, threads=threads, n=eval_n)
+        return {"validation": {"sampled_t1": {"accuracy": 0.5}}}
+
+    monkeypatch.setattr(tiny_seed, "build", fake_build)
+    result = _invoke("seed", "build", "--out", str(tmp_path / "m"), "--steps", "7", "--set", "seed.lr=0.001")
+    assert result.exit_code == 0, result.output
+    assert '"accuracy": 0.5' in result.output
+    assert seen == {
+        "profile": "tiny", "lr": 0.001, "out": tmp_path / "m", "work": tiny_seed.DEFAULT_WORK, "steps": 7,
+        "threads": 1, "n": tiny_seed.CARD_EVAL_N,
+    }  # fmt: skip

@@ -68,14 +68,8 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
     ("components.evaluation.config", "components.config"): (
         "EvaluateConfig validates checkpoints against model_stages(), read from PipelineConfig's section types"
     ),
-    ("components.models.tiny_seed", "components.config"): (
-        "its script entry point (main) loads the tiny profile's full config"
-    ),
     ("components.training.memory", "components.config"): (
         "_length_setting reads a stage's section type from PipelineConfig.model_fields"
-    ),
-    ("components.training.verl.launch", "components.config"): (
-        "rl_stages() and load_config(): the verl launch walks PipelineConfig's RL sections"
     ),
 }
 

@@ -8,8 +8,8 @@ import pytest
 
 from components.config import load_config
 from components.data import synthetic
-from components.models import tiny_seed
 from components.models.tiny import tiny_test_world
+from components.training import tiny_seed
 
 
 @pytest.fixture(scope="module")

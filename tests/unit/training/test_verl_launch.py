@@ -21,11 +21,11 @@ from components.training.verl.launch import (
     VerlRunInputs,
     build_overrides,
     compose_verl_config,
+    launch,
     ray_job_command,
     validate_job,
     write_launch_files,
 )
-from components.training.verl.launch import main as verl_launch_main
 
 INPUTS = VerlRunInputs("/models/seed", "/data/train.parquet", "/data/val.parquet", "/runs/x")
 STAGES = list(rl_stages())  # every RL section (by type), as the launcher accepts them
@@ -234,10 +234,12 @@ def test_a_job_verl_rejects_raises_config_error_naming_our_setting():
         )
 
 
-@pytest.mark.parametrize("profile_args", [[], ["--profile", "qwen3-4b"]], ids=["params.yaml", "qwen3-4b"])
-def test_dry_run_shows_a_native_parallel_papo_job(capsys, in_repo, profile_args):
-    """`python -m components.training.verl.launch papo_rl --dry-run` (params.yaml, or a profile)."""
-    assert verl_launch_main(["papo_rl", "--dry-run", *profile_args]) == 0
+@pytest.mark.parametrize("profile", [None, "qwen3-4b"], ids=["params.yaml", "qwen3-4b"])
+def test_dry_run_shows_a_native_parallel_papo_job(capsys, in_repo, profile):
+    """`npr verl launch papo_rl --dry-run` (params.yaml, or a profile)."""
+    from components.config import load_config
+
+    assert launch("papo_rl", load_config(profile=profile), dry_run=True) == 0
     out = capsys.readouterr().out
     assert "verl accepts the job" in out
     for line in (

@@ -16,7 +16,7 @@ seen the parallel attention mask: NPR-Zero's RL and the parallel warmup teach th
 
 Build (hours on 2 cores; resumable from its work dir)::
 
-    python -m components.models.tiny_seed --out models/tiny-instruct
+    npr seed build --out models/tiny-instruct
 
 ``--steps N`` overrides the recipe's length (for a quick look); ``models.base_model: tiny`` makes stage
 `seed` run this same build inside the pipeline instead of materialising the committed checkpoint.
@@ -27,14 +27,11 @@ measured again on a small validation sample against the card's numbers.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import logging
-import os
 import platform
 import random
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -519,7 +516,7 @@ def render_card(card: dict[str, Any]) -> str:
         "",
         "The tiny profile's stand-in for the instruct model (Qwen3-4B-Instruct-2507 on the qwen3-4b profile):",
         f"a {card['parameters']:,}-parameter Qwen3ForCausalLM with its own {card['vocab_size']}-entry BPE "
-        "tokenizer, trained by `python -m components.models.tiny_seed` (components/models/tiny_seed.py).",
+        "tokenizer, trained by `npr seed build` (components/training/tiny_seed.py).",
         "Stage `seed` materialises it; nothing in the pipeline trains it further.",
         "",
         "## Recipe",
@@ -600,29 +597,3 @@ def build(
     card = build_card(cfg, model, tokenizer, result, fingerprint, threads, eval_n)
     write_checkpoint(model, tokenizer, out_dir, card)
     return card
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="model directory to write")
-    parser.add_argument("--work", type=Path, default=DEFAULT_WORK, help="resumable work dir (checkpoints)")
-    parser.add_argument("--steps", type=int, default=None, help="override seed.steps (a shorter build)")
-    # One thread by default: on a shared 2-core machine two threads ran a step 4x slower than one (the
-    # threads wait on each other whenever another process holds a core).
-    parser.add_argument("--threads", type=int, default=int(os.environ.get("NPR_TORCH_THREADS", "1")))
-    parser.add_argument(
-        "--card-eval-n", type=int, default=CARD_EVAL_N, help="validation problems in the card"
-    )
-    parser.add_argument("--set", action="append", default=[], help="config override section.key=value")
-    args = parser.parse_args(argv)
-    from components.config import load_config
-
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    cfg = load_config(profile="tiny", overrides=args.set)
-    card = build(cfg, args.out, args.work, args.steps, args.threads, args.card_eval_n)
-    print(json.dumps(card["validation"]["sampled_t1"], indent=1))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
