@@ -9,6 +9,8 @@
 - ``plots/<stage>/train.json`` (and ``eval.json`` for RL): the training curves of every training stage,
   read from the per-step logs the trainers keep in the stage's work dir (SFT ``train_metrics.json``, RL
   ``metrics.jsonl``); drawn by the top-level ``plots:`` of dvc.yaml.
+- markdown for the Prefect UI: a stage's numbers (``stage_markdown``) and the run's wall times
+  (``timing_markdown``); the flow publishes them.
 
 Provenance (prompt hash, profile, threads), nested tables and free text stay in the stage's full record,
 ``artifacts/<stage>/metrics.json``, never here. This module is plumbing (``tests.support.code_deps``): it only
@@ -27,6 +29,7 @@ from typing import Any
 from components.artifacts import read_json, write_json
 from components.data.config import SampleOrzConfig
 from components.engine.config import DistillConfig, RejectFilterConfig
+from components.evaluation.report import accuracy_table, throughput_table
 from components.models.config import SeedConfig
 from components.training.config import RLStageConfig, SFTStageConfig
 
@@ -322,3 +325,65 @@ def wandb_summary(
     if categories:
         flat.update({f"rejected/{k}": v for k, v in rejection_categories(metrics, work_dir).items()})
     return flat
+
+
+# ------------------------------------------------------------------------------------ markdown
+def stage_markdown(stage: str, metrics: dict[str, Any], header: str) -> str:
+    """A stage's numbers as markdown (the flow's Prefect artifact): ``header`` (how its task went), the flat
+    metrics `dvc metrics show` reads, the evaluation's tables, then every other number of the stage's record,
+    flattened."""
+    parts = [f"## Stage `{stage}`: {header}", ""]
+    if not metrics:
+        return "\n".join([*parts, "_no metrics recorded_", ""])
+    if "checkpoints" in metrics:
+        parts += [
+            "### Accuracy",
+            "",
+            accuracy_table(metrics),
+            "",
+            "### Throughput",
+            "",
+            throughput_table(metrics),
+        ]
+        rows = {
+            f"{c}/{k}": v for c, m in metrics["checkpoints"].items() for k, v in checkpoint_summary(m).items()
+        }
+    else:
+        rows = stage_summary(stage, metrics)
+    parts += ["", "### Summary (`dvc metrics show`)", "", _table(_flatten(rows))]
+    skip = {"provenance", "checkpoints", "settings", "evals", "rejection_examples"}
+    detail = _flatten({k: v for k, v in metrics.items() if k not in skip})
+    detail = {k: v for k, v in detail.items() if k not in _flatten(rows)}
+    if detail:
+        parts += ["", "### All recorded numbers", "", _table(detail)]
+    prov = metrics.get("provenance") or {}
+    if prov:
+        parts += ["", "Provenance: " + ", ".join(f"{k} `{v}`" for k, v in _flatten(prov).items())]
+    return "\n".join(parts) + "\n"
+
+
+def _flatten(values: dict[str, Any]) -> dict[str, Any]:
+    """Nested dicts as ``outer/inner`` keys; scalars only (lists, e.g. the eval history, are left out)."""
+    return flatten(values, lambda v: v if isinstance(v, int | float | str) else None)
+
+
+def _table(rows: dict[str, Any]) -> str:
+    def cell(v: Any) -> str:
+        return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+    return "\n".join(["| metric | value |", "|---|---|", *(f"| {k} | {cell(v)} |" for k, v in rows.items())])
+
+
+def timing_markdown(stage_wall_s: dict[str, float], total_s: float) -> str:
+    """The run's wall-time table: each stage's task (DVC check, run or skip, push) and the whole pipeline."""
+    rows = [f"| {name} | {wall:.1f} |" for name, wall in stage_wall_s.items()]
+    return "\n".join(
+        [
+            "## Pipeline wall time",
+            "",
+            "| stage | wall s |",
+            "|---|---|",
+            *rows,
+            f"| **total** | **{total_s:.1f}** |",
+        ]
+    )

@@ -35,6 +35,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from components.config import PipelineConfig
 from components.dag import ancestors, independent_stages, load_stages, stage_order
 from components.fingerprint import stage_fingerprint
+from components.reporting import stage_markdown, timing_markdown
 from flows.stage import RAN, RESTORED, UP_TO_DATE, _dvc, ensure_profile, execute_stage
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -60,60 +61,13 @@ MAX_WORKERS = 8
 _SLOTS: dict[str, threading.BoundedSemaphore] = {}
 
 
-def _metrics_markdown(stage: str, metrics: dict[str, Any], outcome: str, wall_s: float) -> str:
-    """The stage's numbers for the Prefect UI: how the task went, the flat metrics `dvc metrics show` reads,
-    the evaluation's tables, then every other number of the stage's record, flattened."""
-    from components.reporting import checkpoint_summary, stage_summary
-
-    header = {
+def _outcome_header(outcome: str, metrics: dict[str, Any], wall_s: float) -> str:
+    """How the stage's task went, in one sentence for the Prefect UI."""
+    return {
         RAN: f"ran in {wall_s:.1f} s (the stage itself: {metrics.get('wall_time_s', '–')} s)",
         UP_TO_DATE: "up to date: DVC skipped it; the numbers are those of the run that produced its outputs",
         RESTORED: "restored from DVC's run-cache: not run again; the numbers are those of the cached run",
     }.get(outcome, outcome)
-    parts = [f"## Stage `{stage}`: {header}", ""]
-    if not metrics:
-        return "\n".join([*parts, "_no metrics recorded_", ""])
-    if "checkpoints" in metrics:
-        from components.evaluation.report import accuracy_table, throughput_table
-
-        parts += [
-            "### Accuracy",
-            "",
-            accuracy_table(metrics),
-            "",
-            "### Throughput",
-            "",
-            throughput_table(metrics),
-        ]
-        rows = {
-            f"{c}/{k}": v for c, m in metrics["checkpoints"].items() for k, v in checkpoint_summary(m).items()
-        }
-    else:
-        rows = stage_summary(stage, metrics)
-    parts += ["", "### Summary (`dvc metrics show`)", "", _table(_flatten(rows))]
-    skip = {"provenance", "checkpoints", "settings", "evals", "rejection_examples"}
-    detail = _flatten({k: v for k, v in metrics.items() if k not in skip})
-    detail = {k: v for k, v in detail.items() if k not in _flatten(rows)}
-    if detail:
-        parts += ["", "### All recorded numbers", "", _table(detail)]
-    prov = metrics.get("provenance") or {}
-    if prov:
-        parts += ["", "Provenance: " + ", ".join(f"{k} `{v}`" for k, v in _flatten(prov).items())]
-    return "\n".join(parts) + "\n"
-
-
-def _flatten(values: dict[str, Any]) -> dict[str, Any]:
-    """Nested dicts as ``outer/inner`` keys; scalars only (lists, e.g. the eval history, are left out)."""
-    from components.reporting import flatten
-
-    return flatten(values, lambda v: v if isinstance(v, int | float | str) else None)
-
-
-def _table(rows: dict[str, Any]) -> str:
-    def cell(v: Any) -> str:
-        return f"{v:.4g}" if isinstance(v, float) else str(v)
-
-    return "\n".join(["| metric | value |", "|---|---|", *(f"| {k} | {cell(v)} |" for k, v in rows.items())])
 
 
 def embed_images(markdown: str, base: Path) -> str:
@@ -252,7 +206,7 @@ def _publish(
     key = stage.replace("_", "-")
     create_markdown_artifact(
         key=f"{key}-metrics",
-        markdown=_metrics_markdown(stage, metrics, outcome, wall_s),
+        markdown=stage_markdown(stage, metrics, _outcome_header(outcome, metrics, wall_s)),
         description=f"{stage}: {outcome} (version {fingerprint})",
     )
     report = Path("artifacts") / stage / "report" / "report.md"
@@ -262,21 +216,6 @@ def _publish(
             markdown=embed_images(report.read_text(encoding="utf-8"), report.parent),
             description=f"{stage} report ({outcome})",
         )
-
-
-def timing_markdown(stage_wall_s: dict[str, float], total_s: float) -> str:
-    """The run's wall-time table: each stage's task (DVC check, run or skip, push) and the whole pipeline."""
-    rows = [f"| {name} | {wall:.1f} |" for name, wall in stage_wall_s.items()]
-    return "\n".join(
-        [
-            "## Pipeline wall time",
-            "",
-            "| stage | wall s |",
-            "|---|---|",
-            *rows,
-            f"| **total** | **{total_s:.1f}** |",
-        ]
-    )
 
 
 def record_timing(run_id: str, profile: str, stage_wall_s: dict[str, float], total_s: float) -> Path:
