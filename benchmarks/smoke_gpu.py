@@ -469,7 +469,7 @@ def training_rows(model, tok, tags, shape_name: str, seq_len: int, device: torch
         wall = time.perf_counter() - start
     masters = _optimizer_text(optimizer, model)
     plan = memory.training_state_terms(shape, w) + memory.training_activation_terms(
-        shape, memory.ForwardShape(1, len(example.input_ids), True), w, True, "parallel_warmup"
+        shape, memory.ForwardShape(1, len(example.input_ids), True), w, True, "parallel_warmup.max_length"
     )
     planned = sum(t.bytes for t in plan) - shape.params * w  # the weights existed before the step
     rows.append((f"parallel-mask SFT step ({shape_name}, {dtype}, {len(example.input_ids)} tokens)",
@@ -524,7 +524,7 @@ def training_rows(model, tok, tags, shape_name: str, seq_len: int, device: torch
         how = f"verl absent: the trainer's batch, log-probs and {opt_name}, on-policy surrogate loss"
     fwd = memory.ForwardShape(1, len(example.input_ids), True, scored=len(rollouts[0].response_ids))
     plan = memory.training_state_terms(shape, w) + memory.training_activation_terms(
-        shape, fwd, w, True, "papo_rl"
+        shape, fwd, w, True, "papo_rl.max_new_tokens"
     )
     planned = sum(t.bytes for t in plan) - shape.params * w
     rows.append((f"PAPO update ({shape_name}, {dtype}, 2 rollouts x {len(example.input_ids)} tokens)",

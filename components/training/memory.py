@@ -61,17 +61,6 @@ def _serves_with_sglang(section: Any) -> bool:
     return isinstance(section, (DistillConfig, EvaluateConfig)) and section.generation.backend == "sglang"
 
 
-def _length_setting(stage: str) -> str:
-    """The setting that bounds a training stage's sequences: SFT sections and seed train on ``max_length``
-    examples, RL ones on ``max_new_tokens`` rollouts (read from the section's declared type: no cfg here)."""
-    from components.config import PipelineConfig  # lazily: the config module is the heavier import
-
-    field = PipelineConfig.model_fields.get(stage)
-    kind = field.annotation if field is not None else None
-    trains_on_examples = isinstance(kind, type) and issubclass(kind, (SFTStageConfig, SeedConfig))
-    return "max_length" if trains_on_examples else "max_new_tokens"
-
-
 class MemoryPlanError(ValueError):
     """A stage's memory plan does not fit its GPU; the message names the setting to change."""
 
@@ -206,14 +195,16 @@ def training_activation_terms(
     fwd: ForwardShape,
     dtype_bytes: int,
     checkpointing: bool,
-    stage: str,
+    length: str,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
 ) -> list[Term]:
-    """Activation terms of one forward + backward through the chunked scorer (peak, per process)."""
+    """Activation terms of one forward + backward through the chunked scorer (peak, per process); ``length``
+    names the setting that bounds the sequences (``<stage>.max_length`` for SFT and the seed,
+    ``<stage>.max_new_tokens`` for RL), for the fix a too-large plan suggests."""
     w, tokens, h = dtype_bytes, fwd.tokens, shape.hidden
     per_layer = layer_activation_bytes(shape, w, fwd.masked)
     mask_per_layer = fwd.rows * fwd.seq_len**2 * w if fwd.masked else 0  # sdpa's float copy of the mask
-    length = f"{stage}.{_length_setting(stage)}"
+    stage = length.split(".")[0]
     fix = f"{stage}.gradient_checkpointing: true, or lower {length}"
     # what a layer's backward holds beyond the activations it frees as it goes: about one MLP-wide and two
     # H-wide gradients per token (measured on the tiny model: tests/unit/training/test_memory.py)
@@ -356,7 +347,7 @@ def _sft_plan(stage: str, cfg: Any, shape: ModelShape) -> PhasePlan:
     terms = training_state_terms(shape, w, nproc)
     terms = [Term(t.name, t.bytes, f"{stage}.{t.setting}" if stage != "seed" else "") for t in terms]
     fwd = ForwardShape(rows=rows, seq_len=seq_len, masked=masked)
-    terms += training_activation_terms(shape, fwd, w, checkpointing, stage)
+    terms += training_activation_terms(shape, fwd, w, checkpointing, f"{stage}.max_length")
     notes = [
         f"{rows} x {seq_len} tokens per forward, gradient checkpointing {'on' if checkpointing else 'off'}"
     ]
@@ -390,7 +381,7 @@ def _local_rl_plans(stage: str, cfg: Any, shape: ModelShape) -> list[PhasePlan]:
         stage,
         "policy update",
         1,
-        state + training_activation_terms(shape, fwd, w, False, stage),
+        state + training_activation_terms(shape, fwd, w, False, f"{stage}.max_new_tokens"),
         [f"micro-batches of {rows} rollouts ({stage}.micro_batch_size)"],
     )
     return [rollout, update]
@@ -426,7 +417,7 @@ def _verl_plans(stage: str, cfg: Any, shape: ModelShape, gpu: Any) -> list[Phase
     fwd = ForwardShape(rows=rows, seq_len=seq_len, masked=masked)
     acts = [
         t
-        for t in training_activation_terms(shape, fwd, 2, v.gradient_checkpointing, stage)
+        for t in training_activation_terms(shape, fwd, 2, v.gradient_checkpointing, f"{stage}.max_new_tokens")
         if not t.name.startswith("logits")
     ]
     fix = f"{knob}.max_token_len_per_gpu" if v.use_dynamic_bsz else f"{knob}.micro_batch_size_per_gpu"

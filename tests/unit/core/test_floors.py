@@ -68,9 +68,6 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
     ("components.evaluation.config", "components.config"): (
         "EvaluateConfig validates checkpoints against model_stages(), read from PipelineConfig's section types"
     ),
-    ("components.training.memory", "components.config"): (
-        "_length_setting reads a stage's section type from PipelineConfig.model_fields"
-    ),
 }
 
 

@@ -98,7 +98,7 @@ def test_activation_estimate_matches_measured_allocations(dtype, checkpointing, 
         log_prob.sum().backward()
     w = 4 if dtype == torch.float32 else 2
     terms = memory.training_activation_terms(
-        shape, ForwardShape(rows, length, masked), w, checkpointing, "x", 256
+        shape, ForwardShape(rows, length, masked), w, checkpointing, "x.max_length", 256
     )
     estimate = sum(t.bytes for t in terms if "bool" not in t.name)  # the bool mask is the caller's input
     assert 0.85 <= estimate / reading.peak_bytes <= 1.15, (estimate, reading.peak_bytes)
@@ -132,7 +132,9 @@ def test_checkpointing_keeps_the_gradient_and_frees_memory_as_planned():
     plan = [
         sum(
             t.bytes
-            for t in memory.training_activation_terms(shape, ForwardShape(rows, length, False), 4, on, "x")
+            for t in memory.training_activation_terms(
+                shape, ForwardShape(rows, length, False), 4, on, "x.max_length"
+            )
         )
         for on in (False, True)
     ]
