@@ -31,11 +31,11 @@ SET ?=
 # `verify` checks that the result is the lock.
 $(VENV)/.installed: pyproject.toml $(LOCK)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m components.envlock check --target cpu
-	test -x $(BIN)/uv || $(PY) -m pip install -q --require-hashes --no-deps -r <($(PY) -m components.envlock entry uv --target cpu)
+	$(PY) infra/envlock.py check --target cpu
+	test -x $(BIN)/uv || $(PY) -m pip install -q --require-hashes --no-deps -r <($(PY) infra/envlock.py entry uv --target cpu)
 	$(BIN)/uv pip sync -q --python $(PY) --require-hashes $(SOURCES) $(LOCK)
 	$(BIN)/uv pip install -q --python $(PY) --no-deps --no-build-isolation -e .
-	$(PY) -m components.envlock verify --target cpu
+	$(PY) infra/envlock.py verify --target cpu
 	$(BIN)/npr plots template
 	touch $@
 
@@ -47,8 +47,8 @@ install: $(VENV)/.installed
 # options through UV_ARGS (UV_ARGS='--upgrade-package rich').
 lock:
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	test -x $(BIN)/uv || $(PY) -m pip install -q "$$($(PY) -m components.envlock pin uv)"
-	$(PY) -m components.envlock lock $(if $(WHEELS),--find-links $(WHEELS),) $(UV_ARGS)
+	test -x $(BIN)/uv || $(PY) -m pip install -q "$$($(PY) infra/envlock.py pin uv)"
+	$(PY) infra/envlock.py lock $(if $(WHEELS),--find-links $(WHEELS),) $(UV_ARGS)
 
 run: install
 	$(BIN)/npr data fetch

@@ -10,7 +10,7 @@ installs.
 - ``stale(target)``: why a lock no longer matches its inputs (None when it does).
 - ``environment()``: which lock this process runs in, that file's sha256, and what differs from it; every
   stage records it in its provenance next to the prompt hash (``components.stages.run_stage``).
-- ``python -m components.envlock check|verify|lock|pin|entry``: the Makefile's and the Dockerfile's entry
+- ``python infra/envlock.py check|verify|lock|pin|entry``: the Makefile's and the Dockerfile's entry
   points.
 
 Importing this module needs only the standard library: ``check`` runs in a fresh venv before anything is
@@ -306,7 +306,7 @@ def compile_target(tgt: Target, out: Path, uv_args: Sequence[str] = (), root: Pa
 def main(argv: Sequence[str] | None = None, root: Path = ROOT) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m components.envlock", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python infra/envlock.py", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     check = sub.add_parser("check", help="each lock matches pyproject.toml (and, with --target, this Python)")
     check.add_argument("--target")
@@ -350,7 +350,3 @@ def main(argv: Sequence[str] | None = None, root: Path = ROOT) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

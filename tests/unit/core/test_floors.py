@@ -161,3 +161,23 @@ def test_checker_sees_a_lazy_climb(tmp_path: Path) -> None:
     )
     (tmp_path / "flows" / "__init__.py").write_text("import components.training\n")
     assert climbs(tmp_path) == {("components.structure.x", "components.training"): [2]}
+
+
+def test_no_library_module_is_a_script() -> None:
+    """Commands are `npr` commands (components.cli is its entry point); no other module under components/ runs
+    as ``python -m`` (the environment-lock bootstrap is infra/envlock.py, a script)."""
+
+    def is_script(tree: ast.Module) -> bool:
+        return any(
+            isinstance(node, ast.If)
+            and "__main__" in ast.unparse(node.test)
+            and "__name__" in ast.unparse(node.test)
+            for node in tree.body
+        )
+
+    scripts = [
+        path.relative_to(ROOT).as_posix()
+        for path in sorted((ROOT / "components").rglob("*.py"))
+        if is_script(ast.parse(path.read_text()))
+    ]
+    assert scripts == ["components/cli.py"]
