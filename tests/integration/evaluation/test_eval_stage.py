@@ -225,6 +225,7 @@ def test_nightly_flow_runs_under_prefect_and_fails_on_a_regression(
     from prefect.testing.utilities import prefect_test_harness
 
     import flows.nightly as nightly
+    from components.evaluation import adhoc
 
     monkeypatch.chdir(REPO)
     base = world["cfg"].model_copy(deep=True)
@@ -241,6 +242,7 @@ def test_nightly_flow_runs_under_prefect_and_fails_on_a_regression(
     configs = iter([base, strict])
     monkeypatch.setattr(nightly, "load_config", lambda profile: next(configs))
     monkeypatch.setattr(nightly, "stage_io", lambda stage: world["io"])
+    monkeypatch.setattr(adhoc, "stage_io", lambda stage: world["io"])  # evaluate_into finds the problems
     ckpt = str(world["root"] / "papo_rl" / "model")
     with prefect_test_harness(server_startup_timeout=120):
         green = nightly.nightly_eval(profile="tiny", checkpoint=ckpt, return_state=True)

@@ -58,6 +58,7 @@ def _cfg(attention: str):
             "pr1_coldstart.max_steps=3",
             "pr1_coldstart.batch_size=4",
             "pr1_coldstart.data.n=12",
+            "pr1_coldstart.data.difficulties=[easy]",  # short traces: every row fits this tokenizer's max_length
             "pr1_rl.steps=2",
             "pr1_rl.prompts_per_step=2",
             "pr1_rl.group_size=2",
