@@ -1,4 +1,5 @@
-"""The Parallel-R1 cold-start set: parallel trajectories of easy problems, through one quality gate.
+"""The Parallel-R1 cold-start set: parallel trajectories, through one quality gate (the paper: of easy
+problems; the tiny profile: of every difficulty).
 
 Parallel-R1 (arXiv 2509.07980) starts its curriculum with SFT on parallel traces that a strong model wrote
 for easy problems when prompted with the parallel format (their GSM8K set), kept when well formed. Rows are
@@ -10,8 +11,9 @@ Two sources, one gate (``check_coldstart``):
 
 - ``synthetic`` (tiny profile): the easy problems of ``sample_orz``'s train split (difficulties from the
   config), each rendered by ``render_trajectory`` with the synthetic generator's public API
-  (``expression_of``, ``Expression.step_text``, ``Expression.takeaway``): one block whose paths each solve the whole
-  problem on their own (bracket by bracket, named ``Bracket i:``), a summary that reconciles them, the answer line. The
+  (``expression_of``, ``Expression.step_text``, ``Expression.takeaway``): one block whose paths each solve
+  the whole problem on their own (bracket by bracket, named ``Bracket i:``), a summary that reconciles
+  them, the answer line. The
   paths of a block are decoded from the same context (that is what makes them parallel), so they can
   only differ by sampling: they are alternative attempts, as Parallel-R1's are, not a split of the work;
 - ``local`` (GPU profile): JSON / JSONL files under a directory, GSM8K-style
