@@ -9,13 +9,13 @@ for easy problems when prompted with the parallel format (their GSM8K set), kept
 
 Two sources, one gate (``check_coldstart``):
 
-- ``synthetic`` (tiny profile): the easy problems of ``sample_orz``'s train split (difficulties from the
-  config), each rendered by ``render_trajectory`` with the synthetic generator's public API
+- ``synthetic`` (tiny profile): the problems of ``sample_orz``'s train split of the configured
+  difficulties, each rendered by ``render_trajectory`` with the synthetic generator's public API
   (``expression_of``, ``Expression.step_text``, ``Expression.takeaway``): one block whose paths each solve
   the whole problem on their own (bracket by bracket, named ``Bracket i:``), a summary that reconciles
-  them, the answer line. The
-  paths of a block are decoded from the same context (that is what makes them parallel), so they can
-  only differ by sampling: they are alternative attempts, as Parallel-R1's are, not a split of the work;
+  them, the answer line. The paths of a block are decoded from the same context (that is what makes them
+  parallel), so they can only differ by sampling: they are alternative attempts, as Parallel-R1's are, not
+  a split of the work;
 - ``local`` (GPU profile): JSON / JSONL files under a directory, GSM8K-style
   (``question``/``problem``, ``answer`` (GSM8K's ``... #### 42`` reduced to ``42``), ``response``/
   ``trajectory``).
