@@ -200,7 +200,8 @@ def run_seeds(
 def _spread_run(workspace: Path, record: dict[str, Any]) -> SpreadRun:
     walls = [a["wall_s"] for a in record.get("attempts", []) if a.get("wall_s") is not None]
     return SpreadRun(
-        source=str(workspace),
+        # the workdir and the clone's name, not this machine's absolute path (the file is committed)
+        source=f"{workspace.parent.name}/{workspace.name}",
         offset=record.get("offset"),
         commit=record.get("commit") or _head(workspace),
         make_run_minutes=round(sum(walls) / 60, 2) if walls else None,
