@@ -155,6 +155,10 @@ class PipelineConfig(StrictModel):
         order: the typed way to go over the RL stages (``cfg.sections(RLStageConfig)``) and the like."""
         return {name: getattr(self, name) for name in sections_of(kind)}
 
+    def section(self, stage: str) -> BaseModel | None:
+        """The section of pipeline stage ``stage`` (None for a name that is not a stage's)."""
+        return self.sections(STAGE_SECTION_TYPES).get(stage)
+
     def schema_of(self, stage: str) -> str:
         """The structure schema of a stage's traces (and of the checkpoint it writes): the stage section's
         own (Parallel-R1's stages: ``parallel_r1``) or the pipeline's ``schema_name``."""

@@ -114,7 +114,7 @@ def check_context_length(cfg: PipelineConfig) -> list[Check]:
     decoders = cfg.sections(DECODE_KINDS)
     rows = []
     for stage, max_new, key in _generating_stages(cfg):
-        prompt = memory.prompt_bound(cfg, stage)
+        prompt = memory.prompt_bound(cfg, rl.get(stage))
         bound_key = f"{stage if stage in rl else 'npr_zero'}.verl.max_prompt_length"
         need = prompt + max_new
         problems = []
