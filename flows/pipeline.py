@@ -164,7 +164,7 @@ def gpu_stage_parameters(stage: str, profile: str) -> dict[str, Any]:
     }
 
 
-def gpu_job_variables(stage: str, cfg: Any, pipeline_run_id: str) -> dict[str, Any]:
+def gpu_job_variables(stage: str, cfg: PipelineConfig, pipeline_run_id: str) -> dict[str, Any]:
     """The gpu pool job of a stage: as many GPUs as its own settings use (``memory.gpus_for``: 0 for a
     verl stage on a running Ray cluster, 1 for the torch-engine evaluate), and the commit this pipeline
     runs, which the worker checks out before running the stage (infra/gpu/checkout.sh)."""

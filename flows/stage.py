@@ -27,6 +27,7 @@ from prefect import flow, get_run_logger
 from components.config import PARAMS_FILE, PipelineConfig, load_config, materialise_profile
 from components.dag import load_stages, stage_io
 from components.env import THREADS_ENV
+from components.training.config import RLStageConfig
 
 log = logging.getLogger(__name__)
 
@@ -200,7 +201,7 @@ def execute_stage(
     return stage_metrics(stage)
 
 
-def publish_references(stage: str, cfg: Any) -> int:
+def publish_references(stage: str, cfg: PipelineConfig) -> int:
     """The stage's output references whose remote objects the push just created (a local remote's), into
     the stage's W&B run (``components.tracking.publish_pending_references``); a failure is a warning."""
     from components.tracking import publish_pending_references
@@ -274,8 +275,8 @@ def adopt_lock_entries(entries: dict[str, Any], root: Path | None = None) -> Non
 
 def on_ray_cluster(stage: str, cfg: PipelineConfig) -> bool:
     """A verl stage placed on a running Ray cluster (``verl.ray_address``)."""
-    section = getattr(cfg, stage, None)
-    return getattr(section, "backend", None) == "verl" and bool(section.verl.ray_address)
+    section = cfg.section(stage)
+    return isinstance(section, RLStageConfig) and section.backend == "verl" and bool(section.verl.ray_address)
 
 
 def submit_to_ray_cluster(
@@ -285,7 +286,7 @@ def submit_to_ray_cluster(
     from components.ops.launch import RAY_JOB_SPEC, load_spec
     from components.training.verl.ray_cluster import submit_stage_job
 
-    address = getattr(cfg, stage).verl.ray_address
+    address = cfg.sections(RLStageConfig)[stage].verl.ray_address
     work = Path(cfg.run.artifacts_dir) / stage / "work"
     done = submit_stage_job(stage, load_spec(RAY_JOB_SPEC), run_id, address, work, env, timeout_s)
     if done.returncode != 0:
