@@ -550,17 +550,19 @@ def server(
     register: Annotated[bool, typer.Option(help="Create work pools and deployments")] = True,
 ) -> None:
     """Start a local Prefect server (UI on http://HOST:PORT) and register the deployments."""
+    from components.config import load_orchestration  # lazy: torch
     from components.ops.prefect_ops import start_server
 
-    start_server(host=host, port=port, register=register)
+    start_server(load_orchestration(Path.cwd()), host=host, port=port, register=register)
 
 
 @app.command("worker")
 def worker(pool: Annotated[str, typer.Option(help="Work pool: cpu | gpu")] = "cpu") -> None:
     """Run a Prefect worker for a pool until Ctrl-C, SIGTERM or SIGHUP (which stop it and its flow runs)."""
+    from components.config import load_orchestration  # lazy: torch
     from components.ops.prefect_ops import start_worker
 
-    raise typer.Exit(start_worker(pool))
+    raise typer.Exit(start_worker(pool, load_orchestration(Path.cwd().resolve())))
 
 
 def configure_logging() -> None:

@@ -482,6 +482,15 @@ def load_config(
     return cfg
 
 
+def load_orchestration(root: Path | None = None) -> OrchestrationConfig:
+    """The orchestration section of ``root``'s params.yaml (``npr server`` / ``npr worker``), or its defaults
+    when there is no params.yaml yet."""
+    params = (root or Path(".")) / PARAMS_FILE
+    if not params.exists():
+        return OrchestrationConfig()
+    return load_config(params).orchestration
+
+
 def materialise_profile(
     profile: str, overrides: list[str] | None = None, dest: Path = PARAMS_FILE
 ) -> PipelineConfig:

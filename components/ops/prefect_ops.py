@@ -64,16 +64,6 @@ def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return {**env, **(extra or {})}
 
 
-def load_orchestration(root: Path | None = None) -> OrchestrationConfig:
-    """The orchestration section of params.yaml, or its defaults when there is no params.yaml yet."""
-    params = (root or Path(".")) / "params.yaml"
-    if not params.exists():
-        return OrchestrationConfig()
-    from components.config import load_config
-
-    return load_config(params).orchestration
-
-
 # ----------------------------------------------------------------------------------------------------
 # processes
 
@@ -254,8 +244,11 @@ def _raise_stop(signum: int, _frame: Any) -> None:
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-def start_server(host: str = "127.0.0.1", port: int = 4200, register: bool = True) -> None:
+def start_server(
+    cfg: OrchestrationConfig, host: str = "127.0.0.1", port: int = 4200, register: bool = True
+) -> None:
     """Start the server, wait until healthy, register pools and deployments, stay up until stopped.
+    ``cfg``: the checkout's orchestration section (``components.config.load_orchestration``).
 
     The server runs in its own process group (so stopping it stops uvicorn and what it spawned); Ctrl-C
     (SIGINT), SIGTERM (``kill``, systemd, a container stop) and SIGHUP (the terminal closed) all stop that
@@ -266,7 +259,6 @@ def start_server(host: str = "127.0.0.1", port: int = 4200, register: bool = Tru
     from components.env import record_server, server_file
 
     root = Path.cwd()
-    cfg = load_orchestration(root)
     url = api_url(host, port)
     previous = {sig: signal.signal(sig, _raise_stop) for sig in STOP_SIGNALS}
     proc = launch_server(host, port)
@@ -295,9 +287,9 @@ def start_server(host: str = "127.0.0.1", port: int = 4200, register: bool = Tru
             signal.signal(sig, handler)
 
 
-def start_worker(pool: str) -> int:
-    """Run a ``prefect worker`` for ``pool`` until it exits or a signal stops it; returns its exit code
-    (0 when a signal stopped it).
+def start_worker(pool: str, cfg: OrchestrationConfig) -> int:
+    """Run a ``prefect worker`` for ``pool`` (one of ``cfg``'s pools) until it exits or a signal stops it;
+    returns its exit code (0 when a signal stopped it).
 
     The worker runs in its own process group, like the server: SIGINT (Ctrl-C), SIGTERM and SIGHUP to
     `npr worker` stop that group (SIGINT first, which the worker handles by shutting down, then SIGTERM,
@@ -307,7 +299,6 @@ def start_worker(pool: str) -> int:
     from components.env import running_server_url
 
     root = Path.cwd().resolve()
-    cfg = load_orchestration(root)
     if pool not in (cfg.cpu_pool, cfg.gpu_pool):
         raise PrefectOpsError(
             f"unknown pool {pool!r}; this project's pools are {cfg.cpu_pool!r} and {cfg.gpu_pool!r}"
