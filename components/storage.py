@@ -116,14 +116,13 @@ def upstream_artifacts(stage: str, root: Path | str | None = None) -> list[str]:
     return [d for d in specs[stage].deps if Path(d).parts[:1] == (ARTIFACTS,) and d in produced]
 
 
-def remote_uri(path: str, cfg: Any, root: Path | str | None = None) -> str:
+def remote_uri(path: str, storage: StorageConfig, root: Path | str | None = None) -> str:
     """Where DVC keeps the current version of an output on the remote (content-addressed).
 
     This is the URI W&B artifacts reference (``components.tracking``): e.g.
     ``s3://bucket/prefix/files/md5/ab/cdef....dir`` for a directory output.
     """
     root = Path(root or ".")
-    storage = _storage_cfg(cfg)
     for spec_stage in load_stages(root / "dvc.yaml"):
         for out in locked_outputs(spec_stage, root):
             if out["path"] == path:
@@ -131,9 +130,9 @@ def remote_uri(path: str, cfg: Any, root: Path | str | None = None) -> str:
     raise StorageError(f"{path} is not a recorded output in dvc.lock (has its stage run?)")
 
 
-def content_uri(md5: str, cfg: Any, root: Path | str | None = None) -> str:
+def content_uri(md5: str, storage: StorageConfig, root: Path | str | None = None) -> str:
     """The remote URI of the DVC object ``md5`` (a file's md5, or a directory's ``<md5>.dir``)."""
-    return _content_uri(Path(root or "."), _storage_cfg(cfg).remote, md5)
+    return _content_uri(Path(root or "."), storage.remote, md5)
 
 
 def dvc_md5(path: Path | str) -> dict[str, Any]:
@@ -170,10 +169,6 @@ def _content_uri(root: Path, remote: str, md5: str) -> str:
 
 # ----------------------------------------------------------------------------------------------------
 # retries
-
-
-def _storage_cfg(cfg: Any) -> StorageConfig:
-    return cfg if isinstance(cfg, StorageConfig) else cfg.storage
 
 
 def _permanent_errors() -> tuple[type[BaseException], ...]:
@@ -239,15 +234,14 @@ def _push_and_verify(root: Path, stages: list[str], storage: StorageConfig) -> i
     return int(pushed or 0)
 
 
-def push_stage_outputs(stage: str, cfg: Any, root: Path | str | None = None) -> dict[str, Any]:
-    """Push ``stage``'s outputs (as recorded in dvc.lock) and the run-cache to ``cfg.storage.remote``.
+def push_stage_outputs(stage: str, storage: StorageConfig, root: Path | str | None = None) -> dict[str, Any]:
+    """Push ``stage``'s outputs (as recorded in dvc.lock) and the run-cache to ``storage.remote``.
 
     Stages left unpushed by earlier failures are pushed first, in the same transfer. Returns
     ``{stage, remote, targets, files_pushed, completed_pending, attempts, seconds}``. Raises
     ``StorageError`` when the push fails for good; every target is then (still) listed as unpushed.
     """
     root = Path(root or ".").resolve()
-    storage = _storage_cfg(cfg)
     if not locked_outputs(stage, root):
         raise StorageError(f"stage {stage!r} has no outputs recorded in dvc.lock; run it before pushing")
     pending = [s for s in pending_pushes(root) if s != stage]
@@ -274,14 +268,13 @@ def push_stage_outputs(stage: str, cfg: Any, root: Path | str | None = None) -> 
     }
 
 
-def pull_stage_inputs(stage: str, cfg: Any, root: Path | str | None = None) -> dict[str, Any]:
+def pull_stage_inputs(stage: str, storage: StorageConfig, root: Path | str | None = None) -> dict[str, Any]:
     """Pull the upstream artifacts ``stage`` depends on that are missing from the workspace.
 
     Returns ``{stage, remote, pulled, present, files_fetched, attempts, seconds}``. An input that no
     upstream run has recorded in dvc.lock cannot be pulled: that raises ``StorageError`` naming it.
     """
     root = Path(root or ".").resolve()
-    storage = _storage_cfg(cfg)
     inputs = upstream_artifacts(stage, root)
     missing = [p for p in inputs if not (root / p).exists()]
     present = [p for p in inputs if p not in missing]

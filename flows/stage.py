@@ -160,7 +160,7 @@ def execute_stage(
             )
         return stage_metrics(stage)
     if cfg.storage.pull_inputs:
-        storage.pull_stage_inputs(stage, cfg)
+        storage.pull_stage_inputs(stage, cfg.storage)
     pulled = time.perf_counter()
     # --wait-for-lock: another branch's `dvc repro` may hold the lock while it checks or records its stage
     cmd = [_dvc(), "--wait-for-lock", "repro", "--single-item", stage]
@@ -183,7 +183,7 @@ def execute_stage(
         raise StageFailed(f"stage {stage} failed (dvc repro exit {returncode}):\n" + "\n".join(tail))
     reproduced = time.perf_counter()
     if cfg.storage.push_after_stage:
-        storage.push_stage_outputs(stage, cfg)
+        storage.push_stage_outputs(stage, cfg.storage)
         publish_references(stage, cfg)
     # Where a stage task's time goes, beside the stage's own wall_time_s in its metrics.json.
     outcome = repro_outcome(stage, seen) or RAN

@@ -139,7 +139,7 @@ def _reference(tracker: Any, key: str, path: Path, cfg: PipelineConfig, consumed
             if not Path(path).exists():
                 return
             entry = storage.dvc_md5(path)
-        uri = storage.content_uri(entry["md5"], cfg)
+        uri = storage.content_uri(entry["md5"], cfg.storage)
         kind = "model" if Path(path).name == "model" else "dataset"
         meta = {"dvc_path": str(path), **{k: entry[k] for k in ("md5", "size", "nfiles") if k in entry}}
         if consumed:
