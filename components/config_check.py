@@ -32,7 +32,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from components.config import DECODE_KINDS, PipelineConfig, pipeline_stages
+from components.config import DECODE_KINDS, ConfigError, PipelineConfig, pipeline_stages
+from components.engine.backends.sglang_client import API_KEY_ENV
 from components.training import memory
 from components.training.config import RLStageConfig
 
@@ -233,8 +234,7 @@ def check_ray(cfg: PipelineConfig) -> list[Check]:
 def check_verl(cfg: PipelineConfig) -> list[Check]:
     """verl's own validation of each verl RL stage's job (``verl.launch.validate_job``: verl's
     ``validate_config`` as ``main_ppo`` calls it, and every plugin the job names resolved)."""
-    from components.config import ConfigError
-    from components.training.verl.launch import validate_job
+    from components.training.verl.launch import validate_job  # lazy: verl
 
     rows = []
     for stage, sc in cfg.sections(RLStageConfig).items():
@@ -318,8 +318,6 @@ def check_sglang_api_key(cfg: PipelineConfig, root: Any = None) -> list[Check]:
     from pathlib import Path
 
     import yaml
-
-    from components.engine.backends.sglang_client import API_KEY_ENV
 
     root = Path(root or ".")
     rows = []

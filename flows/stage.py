@@ -24,10 +24,14 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
-from components.config import PARAMS_FILE, PipelineConfig, load_config, materialise_profile
+from components import storage
+from components.config import PARAMS_FILE, PipelineConfig, load_config, materialise_profile, validate_config
 from components.dag import load_stages, stage_io
 from components.env import THREADS_ENV
+from components.ops.launch import RAY_JOB_SPEC, load_spec
+from components.tracking import publish_pending_references
 from components.training.config import RLStageConfig
+from components.training.verl.ray_cluster import submit_stage_job
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +43,6 @@ class StageFailed(RuntimeError):
 def adopt_params(text: str) -> PipelineConfig:
     """Validate ``text`` as params.yaml and write it here (the pipeline machine's, verbatim)."""
     import yaml
-
-    from components.config import validate_config
 
     cfg = validate_config(yaml.safe_load(text), "params.yaml of the pipeline run")
     PARAMS_FILE.write_text(text)
@@ -141,8 +143,6 @@ def execute_stage(
     first so their outputs can be pulled here. A verl stage placed on a running Ray cluster
     (``verl.ray_address``) is submitted there instead and its outputs restored from the run-cache.
     """
-    from components import storage
-
     started = time.perf_counter()
     if upstream_lock:
         adopt_lock_entries(upstream_lock)
@@ -204,8 +204,6 @@ def execute_stage(
 def publish_references(stage: str, cfg: PipelineConfig) -> int:
     """The stage's output references whose remote objects the push just created (a local remote's), into
     the stage's W&B run (``components.tracking.publish_pending_references``); a failure is a warning."""
-    from components.tracking import publish_pending_references
-
     try:
         work_dir = stage_io(stage).work_dir
         return publish_pending_references(cfg, stage, work_dir) if work_dir is not None else 0
@@ -283,9 +281,6 @@ def submit_to_ray_cluster(
     stage: str, cfg: PipelineConfig, run_id: str, env: dict[str, str], timeout_s: float
 ) -> None:
     """Submit the stage to its Ray cluster as infra/ray/job.yaml describes and wait for it."""
-    from components.ops.launch import RAY_JOB_SPEC, load_spec
-    from components.training.verl.ray_cluster import submit_stage_job
-
     address = cfg.sections(RLStageConfig)[stage].verl.ray_address
     work = Path(cfg.run.artifacts_dir) / stage / "work"
     done = submit_stage_job(stage, load_spec(RAY_JOB_SPEC), run_id, address, work, env, timeout_s)

@@ -30,6 +30,7 @@ from typing import Any
 
 from components.data.problems import normalise_whitespace
 from components.errors import UserError
+from components.artifacts import write_json
 
 # Lone surrogates (bytes that were not UTF-8, kept by surrogateescape) cannot enter pandas' Arrow strings;
 # they become U+FFFD in the checked frame, and the text check flags U+FFFD and NUL.
@@ -327,8 +328,6 @@ def write_escaped_jsonl(path: Path, records: list[dict[str, Any]]) -> int:
 
 def write_audit(report: QualityReport, audit_dir: Path) -> dict[str, Any]:
     """quarantine.jsonl, duplicates.jsonl, reconciliation.json and gx_docs/*.html into ``audit_dir``."""
-    from components.artifacts import write_json
-
     audit_dir = Path(audit_dir)
     write_escaped_jsonl(audit_dir / "quarantine.jsonl", report.quarantined)
     write_escaped_jsonl(audit_dir / "duplicates.jsonl", report.duplicates)

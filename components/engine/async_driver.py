@@ -31,6 +31,7 @@ from typing import Any
 
 from components.engine.controller import (
     ControllerError,
+    DecodePolicy,
     Extension,
     ExtensionResult,
     SequenceController,
@@ -228,8 +229,6 @@ def controllers_for(
     response_prefixes: Sequence[str] | None = None,
 ) -> list[SequenceController]:
     """One controller per rendered prompt, with the sequence seeds every backend derives the same way."""
-    from components.engine.controller import DecodePolicy
-
     policy = DecodePolicy.from_config(cfg, tokenizer, tags)
     encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731 - prompts are rendered
     return [

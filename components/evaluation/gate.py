@@ -35,7 +35,7 @@ from components.errors import UserError
 from components.evaluation.bounds import bootstrap_interval, wilson_interval
 from components.evaluation.config import NightlyConfig
 from components.evaluation.metrics import per_problem_accuracy, per_problem_pass_at_k
-from components.settings import StrictModel
+from components.settings import ConfigError, StrictModel, load_yaml_text
 
 Verdict = Literal["pass", "warn", "fail"]
 
@@ -135,8 +135,6 @@ def baseline_path(cfg_nightly: NightlyConfig, profile: str, checkpoint: str) -> 
 
 def load_baseline(path: Path) -> Baseline:
     from pydantic import ValidationError
-
-    from components.settings import ConfigError, load_yaml_text
 
     path = Path(path)
     if not path.exists():

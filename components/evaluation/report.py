@@ -9,6 +9,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from components.settings import ConfigError
+from components.tracking import stage_run
+
 log = logging.getLogger(__name__)
 
 
@@ -134,7 +137,7 @@ def _merge_line(merge: Mapping[str, Any] | None) -> list[str]:
         "exact: the decode samples what the policy was trained on"
         if merge["exact"]
         else "NOT exact: the decode re-reads merges the policy was trained to see isolated, so post-merge "
-        "tokens come from another context (docs/architecture.md, \"Merge semantics\")"
+        'tokens come from another context (docs/architecture.md, "Merge semantics")'
     )
     return [f"Merge: semantics {merge['semantics']}, decoded with {merge['mode']} ({how})."]
 
@@ -158,8 +161,6 @@ def _engine_settings_line(checkpoints: Mapping[str, Any]) -> list[str]:
 def read_scale_note(path: str | None) -> str | None:
     """The profile's note on what its run can show (``evaluate.scale_note``), or None when unset; a named
     file that is missing or empty is a config error (the report would silently lose its caveats)."""
-    from components.settings import ConfigError
-
     if path is None:
         return None
     note = Path(path)
@@ -268,8 +269,6 @@ def publish_wandb(
     """Log the evaluation to W&B (``components.tracking``; offline unless a key is configured): every scalar
     in the run summary, the Table-2 table as a W&B table, the plots as images. Returns the run id."""
     import wandb
-
-    from components.tracking import stage_run
 
     benches = benchmark_names(eval_metrics, smoke=False)
     table = wandb.Table(columns=["checkpoint", "mode", *benches, "average"])

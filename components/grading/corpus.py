@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from components.grading.config import GradingConfig
+from components.grading.equivalence import grade_many_verdicts
+from components.grading.normalize import gold_candidates
 
 CORPUS_DIR = Path(__file__).resolve().parents[2] / "tests" / "data" / "grading"
 SPLITS = {"tune": "corpus.jsonl", "heldout": "heldout.jsonl", "blind": "blind.jsonl"}
@@ -64,9 +66,8 @@ def load_cases(split: str = "tune", directory: Path | None = None) -> list[Case]
 def our_verdicts(cases: Sequence[Case], cfg: GradingConfig | None = None) -> list[bool]:
     """Our grader's verdict on every case, graded in one batch (answers through ``npr grade``'s reading,
     responses through ``judge_many`` with the ``evaluation`` settings and the case's finish reason)."""
-    from components.grading.cli_ops import answer_of
-    from components.grading.equivalence import grade_many_verdicts
-    from components.grading.judge import judge_many
+    from components.grading.cli_ops import answer_of  # lazy: torch
+    from components.grading.judge import judge_many  # lazy: torch
 
     cfg = cfg or GradingConfig()
     out: list[bool | None] = [None] * len(cases)
@@ -96,8 +97,6 @@ def math_verify_verdicts(cases: Sequence[Case], timeout_s: int = 5) -> list[bool
     import logging
 
     from math_verify import parse, verify
-
-    from components.grading.normalize import gold_candidates
 
     logging.getLogger("math_verify").setLevel(logging.ERROR)
     out = []

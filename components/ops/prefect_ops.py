@@ -31,6 +31,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from components.env import record_server, running_server_url, server_file
 from components.ops.config import OrchestrationConfig
 
 PREFECT_FILE = "prefect.yaml"
@@ -256,8 +257,6 @@ def start_server(
     is healthy its API URL is recorded in PREFECT_HOME (``components.env.record_server``), so flows started
     by hand with the same PREFECT_HOME use it instead of a second writer on its database.
     """
-    from components.env import record_server, server_file
-
     root = Path.cwd()
     url = api_url(host, port)
     previous = {sig: signal.signal(sig, _raise_stop) for sig in STOP_SIGNALS}
@@ -296,8 +295,6 @@ def start_worker(pool: str, cfg: OrchestrationConfig) -> int:
     then SIGKILL; flow runs it started are in the group too). Its API: PREFECT_API_URL, else the running
     `npr server` recorded in PREFECT_HOME, else 127.0.0.1:4200.
     """
-    from components.env import running_server_url
-
     root = Path.cwd().resolve()
     if pool not in (cfg.cpu_pool, cfg.gpu_pool):
         raise PrefectOpsError(

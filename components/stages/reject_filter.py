@@ -29,6 +29,7 @@ from components.dag import StageIO
 from components.data.acceptance import filter_trajectories
 from components.engine.config import RejectFilterConfig
 from components.errors import UserError
+from components.progress import track
 
 
 class QualityGateError(UserError, RuntimeError):
@@ -125,8 +126,6 @@ def validate_accepted(
 
 
 def run(cfg: PipelineConfig, io: StageIO) -> dict[str, Any]:
-    from components.progress import track
-
     fcfg = cfg.reject_filter
     with track("reject_filter: reading trajectories", total=3, unit="phases", eta=False) as progress:
         records = read_shards(io.input("distill/trajectories"))

@@ -54,6 +54,7 @@ from verl.experimental.agent_loop.agent_loop import (
 )
 
 from components.engine import DecodePolicy, GenerationConfig, SamplingSettings, SequenceController, drive
+from components.grading.verl_reward import compute_score
 from components.structure import TagIds
 from components.training.dapo import overlong_penalty
 from components.training.rl_batch import Rollout, structural_rejection
@@ -272,6 +273,4 @@ def _compute_score(
     data_source: Any, text: str, reward_model: dict[str, Any], extra_info: dict[str, Any]
 ) -> dict:
     """The stage's reward for one response (``extra_info`` carries reward, values, grading, schema)."""
-    from components.grading.verl_reward import compute_score
-
     return compute_score(data_source, text, reward_model.get("ground_truth"), extra_info=extra_info)
