@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -163,8 +165,6 @@ def seed_build(
 ) -> None:
     """Build the tiny instruct checkpoint from scratch with the tiny profile's `seed` recipe (hours on 2
     cores); writes the model, its card and checksums. Resumes from --work."""
-    import os
-
     from components.training import tiny_seed  # lazy: torch
 
     configure_logging()
@@ -183,8 +183,6 @@ def seed_build(
 @app.command("stage")
 def stage(name: str, set_: SetOpt = None, as_json: JsonOpt = False) -> None:
     """Run one stage with params.yaml (this is the cmd of every dvc.yaml stage); ends with its summary."""
-    import os
-
     from components.stages import run_stage  # lazy: torch
 
     if os.environ.get("NPR_RESTORE_ONLY"):
@@ -199,7 +197,7 @@ def stage(name: str, set_: SetOpt = None, as_json: JsonOpt = False) -> None:
 
     # A stage configured for several processes (FSDP SFT) reruns this very command under torchrun.
     this = sys.argv[0] if os.access(sys.argv[0], os.X_OK) else "npr"  # the npr script, as invoked
-    relaunch = torchrun_argv(getattr(getattr(cfg, name, None), "nproc_per_node", 1), [this, *sys.argv[1:]])
+    relaunch = torchrun_argv(getattr(cfg.section(name), "nproc_per_node", 1), [this, *sys.argv[1:]])
     if relaunch is not None:
         os.execvp(relaunch[0], relaunch)
     metrics = run_stage(name, cfg)  # bad config/data: one line, exit 2; a bug: its traceback
@@ -291,7 +289,7 @@ def data_fetch(
 
     cfg = _load()
     try:
-        summary = fetch_data(cfg, dest=dest, source=from_)
+        summary = fetch_data(cfg.sample_orz, dest=dest, source=from_)
     except (FileNotFoundError, ValueError, ConnectionError) as err:
         _fail(str(err), 1)
     summary["dvc"] = _track_with_dvc(dest)
@@ -308,8 +306,6 @@ def data_fetch(
 def _track_with_dvc(dest: Path) -> str:
     """`dvc add` the fetched directory: same content -> data.dvc unchanged, now also in the DVC cache (so
     `dvc status` is clean and `dvc push` can send it); new content -> data.dvc updated, to commit."""
-    import subprocess
-
     if not Path(".dvc").is_dir() or not Path(f"{dest}.dvc").exists():
         return "not tracked (no .dvc directory or no data.dvc here)"
     before = Path(f"{dest}.dvc").read_text()
@@ -527,8 +523,6 @@ def plots(
     The page template (Vega inlined) is written to .dvc/tmp/ on first use; plain `dvc plots show` uses it
     too (.dvc/config names it), once any stage ran or `npr plots template` did.
     """
-    import subprocess
-
     from components.ops.plots_html import ensure_offline_template  # lazy: startup
 
     path = ensure_offline_template()

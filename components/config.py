@@ -391,7 +391,7 @@ def check_workspace(cfg: PipelineConfig, source: str, root: Path | None = None) 
     pool = gpu_pool_size(root / PREFECT_FILE)
     if pool is not None:
         for stage in cfg.orchestration.gpu_stages:
-            need = getattr(getattr(cfg, stage, None), "nproc_per_node", None)
+            need = getattr(cfg.section(stage), "nproc_per_node", None)
             if need is not None and need > pool:
                 problems.append(
                     f"{stage}.nproc_per_node={need} but a job of the gpu pool gets {pool} GPUs "

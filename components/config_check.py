@@ -29,8 +29,12 @@ A prompt longer than ``<stage>.verl.max_prompt_length`` needs the data, so it is
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 from components.config import DECODE_KINDS, ConfigError, PipelineConfig, pipeline_stages
 from components.engine.backends.sglang_client import API_KEY_ENV
@@ -314,11 +318,6 @@ def check_sglang_api_key(cfg: PipelineConfig, root: Any = None) -> list[Check]:
     ``api_key_env`` is the variable the client sends (``sglang_client.API_KEY_ENV``); and on the cluster the
     SGLang Deployment reads the key from a secret entry named like that variable, in a secret the gpu-pool
     jobs take their environment from (so distill and evaluate there hold it)."""
-    import json
-    from pathlib import Path
-
-    import yaml
-
     root = Path(root or ".")
     rows = []
     for stage, section in cfg.sections(DECODE_KINDS).items():

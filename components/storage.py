@@ -139,10 +139,10 @@ def dvc_md5(path: Path | str) -> dict[str, Any]:
     """What DVC records for ``path`` in dvc.lock (``md5``, ``size``, ``nfiles`` for a directory), computed
     here with DVC's own hashing (dvc_data): a stage can name its outputs' remote objects before DVC
     records them. Reads every byte of ``path`` once."""
-    from dvc_data.hashfile.build import build
-    from dvc_data.hashfile.db import HashFileDB
-    from dvc_objects.fs.local import LocalFileSystem
-    from dvc_objects.fs.memory import MemoryFileSystem
+    from dvc_data.hashfile.build import build  # lazy: dvc
+    from dvc_data.hashfile.db import HashFileDB  # lazy: dvc
+    from dvc_objects.fs.local import LocalFileSystem  # lazy: dvc
+    from dvc_objects.fs.memory import MemoryFileSystem  # lazy: dvc
 
     staging = HashFileDB(MemoryFileSystem(global_store=False), "/staging")
     _, meta, obj = build(staging, str(Path(path).resolve()), LocalFileSystem(), "md5")
@@ -153,7 +153,7 @@ def dvc_md5(path: Path | str) -> dict[str, Any]:
 
 
 def _content_uri(root: Path, remote: str, md5: str) -> str:
-    from dvc.repo import Repo
+    from dvc.repo import Repo  # lazy: dvc
 
     # _wait_for_lock (`dvc --wait-for-lock`): stages of independent branches may run, push and pull at once
 
@@ -173,9 +173,9 @@ def _content_uri(root: Path, remote: str, md5: str) -> str:
 
 def _permanent_errors() -> tuple[type[BaseException], ...]:
     """DVC errors that no retry can fix: a wrong remote, stage or path name."""
-    from dvc.config import ConfigError
-    from dvc.exceptions import NoOutputOrStageError, NotDvcRepoError, OutputNotFoundError
-    from dvc.stage.exceptions import StageFileDoesNotExistError, StageNotFound
+    from dvc.config import ConfigError  # lazy: dvc
+    from dvc.exceptions import NoOutputOrStageError, NotDvcRepoError, OutputNotFoundError  # lazy: dvc
+    from dvc.stage.exceptions import StageFileDoesNotExistError, StageNotFound  # lazy: dvc
 
     return (
         ConfigError,
@@ -220,7 +220,7 @@ def _with_retries(what: str, fn: Callable[[], T], storage: StorageConfig) -> tup
 
 
 def _push_and_verify(root: Path, stages: list[str], storage: StorageConfig) -> int:
-    from dvc.repo import Repo
+    from dvc.repo import Repo  # lazy: dvc
 
     # DVC resolves targets against the working directory, not the repo: name stages by absolute path.
     targets = [f"{root / 'dvc.yaml'}:{stage}" for stage in stages]
@@ -298,7 +298,7 @@ def pull_stage_inputs(stage: str, storage: StorageConfig, root: Path | str | Non
         )
 
     def pull() -> dict[str, Any]:
-        from dvc.repo import Repo
+        from dvc.repo import Repo  # lazy: dvc
 
         with Repo(str(root), _wait_for_lock=True) as repo:
             targets = [str(root / p) for p in missing]  # absolute: DVC resolves targets against the cwd

@@ -274,7 +274,7 @@ def publish_pending_references(cfg: TrackedConfig, stage: str, run_dir: Path | s
 
 
 def _reference_artifact(name: str, uri: str, type: str, metadata: dict[str, Any] | None) -> Any:
-    import wandb
+    import wandb  # lazy: wandb
 
     artifact = wandb.Artifact(_artifact_name(name), type=type, metadata={"uri": uri, **(metadata or {})})
     artifact.add_reference(uri, name=name.rsplit("/", 1)[-1], checksum=False)
@@ -316,7 +316,7 @@ def stage_run(
     if stage in _ACTIVE:
         yield _ACTIVE[stage]
         return
-    import wandb
+    import wandb  # lazy: wandb
 
     tracking = cfg if isinstance(cfg, TrackingConfig) else cfg.tracking
     mode = resolve_mode(tracking)

@@ -152,7 +152,7 @@ def log_to_wandb(
 ) -> bool:
     """Log the night's metrics and verdict (offline unless a key is set); ``run.alert`` (Slack/email per
     the W&B project's settings) on a FAIL or WARN, only when W&B is online. Returns whether it alerted."""
-    import wandb
+    import wandb  # lazy: wandb
 
     with stage_run(cfg, "nightly-eval", run_dir) as run:
         run.summary(

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import yaml
 from prefect import flow, get_run_logger
 
 from components import storage
@@ -42,8 +43,6 @@ class StageFailed(RuntimeError):
 
 def adopt_params(text: str) -> PipelineConfig:
     """Validate ``text`` as params.yaml and write it here (the pipeline machine's, verbatim)."""
-    import yaml
-
     cfg = validate_config(yaml.safe_load(text), "params.yaml of the pipeline run")
     PARAMS_FILE.write_text(text)
     return cfg
@@ -253,7 +252,6 @@ def lock_entries(exclude: str | None = None, root: Path | None = None) -> dict[s
     lock = Path(root or ".") / "dvc.lock"
     if not lock.exists():
         return {}
-    import yaml
 
     stages = (yaml.safe_load(lock.read_text()) or {}).get("stages", {}) or {}
     return {name: entry for name, entry in stages.items() if name != exclude}
@@ -261,8 +259,6 @@ def lock_entries(exclude: str | None = None, root: Path | None = None) -> dict[s
 
 def adopt_lock_entries(entries: dict[str, Any], root: Path | None = None) -> None:
     """Write stage entries into dvc.lock (replacing those stages'), keeping the others."""
-    import yaml
-
     lock = Path(root or ".") / "dvc.lock"
     data = (yaml.safe_load(lock.read_text()) if lock.exists() else None) or {"schema": "2.0", "stages": {}}
     data.setdefault("stages", {}).update(entries)
@@ -300,7 +296,7 @@ def stream_with_deadline(
     Prefect task timeout cannot interrupt a blocking read in a worker thread (where parallel stages run),
     and killing only `dvc` would leave the stage's own process running.
     """
-    import psutil
+    import psutil  # lazy: psutil
 
     tail: deque[str] = deque(maxlen=25)
     expired = threading.Event()

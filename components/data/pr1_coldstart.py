@@ -30,17 +30,24 @@ fraction below the floor raises ``DataQualityError``.
 from __future__ import annotations
 
 import random
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from components.artifacts import write_json
 from components.data.problem_files import PROBLEM_KEYS, first_field, gold_of, problem_text, read_files
 from components.data.problems import content_id
-from components.data.quality import DataQualityError, QualityReport, QualityRules, validate_problems
+from components.data.quality import (
+    DataQualityError,
+    QualityReport,
+    QualityRules,
+    validate_problems,
+    write_audit,
+    write_escaped_jsonl,
+)
 from components.data.synthetic import expression_of
-from components.artifacts import write_json
-from components.data.quality import write_audit, write_escaped_jsonl
 
 SOURCE = "pr1_coldstart"
 SCHEMA = "parallel_r1"
@@ -152,8 +159,6 @@ class ColdStartReport:
         return self.problems.rows_in
 
     def reconciliation(self) -> dict[str, Any]:
-        from collections import Counter
-
         rec = self.problems.reconciliation()
         reasons = Counter(r for row in self.rejected for r in row["reasons"])
         removed = len(self.problems.quarantined) + len(self.problems.duplicates) + len(self.rejected)

@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from components.engine.config import GenerationConfig
 from components.engine.controller import (
     ControllerError,
     DecodePolicy,
@@ -53,7 +54,7 @@ class SamplingSettings:
     top_k: int = -1
 
     @classmethod
-    def from_config(cls, cfg: Any) -> SamplingSettings:
+    def from_config(cls, cfg: GenerationConfig) -> SamplingSettings:
         return cls(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k)
 
 
@@ -224,7 +225,7 @@ async def drive_all(
 def controllers_for(
     tokenizer: Any,
     prompts: Sequence[str],
-    cfg: Any,
+    cfg: GenerationConfig,
     tags: Any | None,
     response_prefixes: Sequence[str] | None = None,
 ) -> list[SequenceController]:
@@ -245,7 +246,7 @@ def controllers_for(
 async def generate_async(
     tokenizer: Any,
     prompts: Sequence[str],
-    cfg: Any,
+    cfg: GenerationConfig,
     tags: Any | None,
     generate: GenerateFn,
     response_prefixes: Sequence[str] | None = None,

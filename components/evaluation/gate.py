@@ -26,9 +26,10 @@ import datetime as dt
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import yaml
+from pydantic import ValidationError
 
 from components.artifacts import read_json, write_json
 from components.errors import UserError
@@ -134,8 +135,6 @@ def baseline_path(cfg_nightly: NightlyConfig, profile: str, checkpoint: str) -> 
 
 
 def load_baseline(path: Path) -> Baseline:
-    from pydantic import ValidationError
-
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(
@@ -155,9 +154,20 @@ def load_baseline(path: Path) -> Baseline:
         raise BaselineError(f"baseline {path}: {where}") from None
 
 
+class RunProfile(Protocol):
+    """What a baseline records of the run's config (components.config.PipelineConfig, a floor above this
+    package): the profile and the nightly section."""
+
+    @property
+    def profile(self) -> str: ...
+
+    @property
+    def nightly(self) -> NightlyConfig: ...
+
+
 def write_baseline(
     eval_metrics: Mapping[str, Any],
-    cfg: Any,
+    cfg: RunProfile,
     path: Path | str,
     checkpoint: str | None = None,
     command: str | None = None,

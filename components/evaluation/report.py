@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from components.settings import ConfigError
-from components.tracking import stage_run
+from components.tracking import TrackedConfig, stage_run
 
 log = logging.getLogger(__name__)
 
@@ -227,7 +227,7 @@ def render_report(eval_metrics: Mapping[str, Any], title: str, images: Sequence[
 def in_prefect_run() -> bool:
     """True inside a Prefect flow or task run (where artifacts can be created)."""
     try:
-        from prefect.context import FlowRunContext, TaskRunContext
+        from prefect.context import FlowRunContext, TaskRunContext  # lazy: prefect
     except ImportError:  # prefect is a dependency; a trimmed install just skips publishing
         return False
     return FlowRunContext.get() is not None or TaskRunContext.get() is not None
@@ -237,7 +237,7 @@ def publish_prefect(markdown: str, key: str, description: str) -> bool:
     """Create a Prefect markdown artifact when running inside a flow run; returns whether it did."""
     if not in_prefect_run():
         return False
-    from prefect.artifacts import create_markdown_artifact
+    from prefect.artifacts import create_markdown_artifact  # lazy: prefect
 
     # Prefect artifact keys allow lowercase letters, digits and dashes only.
     safe_key = "".join(ch if ch.isalnum() else "-" for ch in key.lower()).strip("-")
@@ -264,11 +264,11 @@ def flat_metrics(eval_metrics: Mapping[str, Any]) -> dict[str, float]:
 
 
 def publish_wandb(
-    cfg: Any, job: str, run_dir: Path, eval_metrics: Mapping[str, Any], images: Mapping[str, Path]
+    cfg: TrackedConfig, job: str, run_dir: Path, eval_metrics: Mapping[str, Any], images: Mapping[str, Path]
 ) -> str | None:
     """Log the evaluation to W&B (``components.tracking``; offline unless a key is configured): every scalar
     in the run summary, the Table-2 table as a W&B table, the plots as images. Returns the run id."""
-    import wandb
+    import wandb  # lazy: wandb
 
     benches = benchmark_names(eval_metrics, smoke=False)
     table = wandb.Table(columns=["checkpoint", "mode", *benches, "average"])

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import json
 import logging
 import tempfile
 import time
@@ -149,8 +150,6 @@ def engine_version(ecfg: EvaluateConfig) -> dict[str, str]:
 def grader_version(grading: Any) -> dict[str, str]:
     """What grades an evaluation: the math-verify release and a fingerprint of the evaluation's grading
     settings (answer extraction, numeric tolerance, timeout). Pinned in a baseline, like the sampling."""
-    import json
-
     try:
         verifier = version("math-verify")
     except PackageNotFoundError:
@@ -504,7 +503,6 @@ def _load_finished(
     d = _finished_dir(work_dir, ckpt)
     if d is None or not (d / "metrics.json").is_file():
         return None
-    import json
 
     metrics = json.loads((d / "metrics.json").read_text())
     if metrics.get("checkpoint_hash") != digest or metrics.get("mode") != ckpt.mode:
@@ -525,7 +523,6 @@ def _keep_finished(
     d = _finished_dir(work_dir, ckpt)
     if d is None:
         return
-    import json
 
     d.mkdir(parents=True, exist_ok=True)
     write_jsonl(d / "records.jsonl", [r for recs in records.values() for r in recs])

@@ -14,6 +14,7 @@ Used by the corpus test (``tests/integration/grading/test_grading_corpus.py``) a
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,9 +95,7 @@ def our_verdicts(cases: Sequence[Case], cfg: GradingConfig | None = None) -> lis
 def math_verify_verdicts(cases: Sequence[Case], timeout_s: int = 5) -> list[bool]:
     """Plain math-verify with its default settings: ``verify(parse(gold), parse(pred))``, any-of over list
     golds. Must run in the main thread (math-verify's timeouts use SIGALRM)."""
-    import logging
-
-    from math_verify import parse, verify
+    from math_verify import parse, verify  # lazy: math_verify
 
     logging.getLogger("math_verify").setLevel(logging.ERROR)
     out = []

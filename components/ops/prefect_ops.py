@@ -154,7 +154,7 @@ def launch_worker(
 
 def process_pool_template() -> dict[str, Any]:
     """Prefect's own base job template of a process pool."""
-    from prefect.workers.process import ProcessWorker
+    from prefect.workers.process import ProcessWorker  # lazy: prefect
 
     return ProcessWorker.get_default_base_job_template()
 
@@ -182,10 +182,10 @@ def gpu_pool_template() -> dict[str, Any]:
 
 def ensure_work_pools(cfg: OrchestrationConfig, url: str) -> dict[str, str]:
     """Create (or update the templates of) the cpu and gpu work pools; returns {pool: action}."""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.actions import WorkPoolCreate, WorkPoolUpdate
-    from prefect.exceptions import ObjectNotFound
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.client.orchestration import get_client  # lazy: prefect
+    from prefect.client.schemas.actions import WorkPoolCreate, WorkPoolUpdate  # lazy: prefect
+    from prefect.exceptions import ObjectNotFound  # lazy: prefect
+    from prefect.settings import PREFECT_API_URL, temporary_settings  # lazy: prefect
 
     wanted = {cfg.cpu_pool: process_pool_template(), cfg.gpu_pool: gpu_pool_template()}
     actions: dict[str, str] = {}

@@ -18,6 +18,8 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from components import reporting, storage
 from components.artifacts import prepare_work_dir, write_json
 from components.config import PipelineConfig
@@ -47,8 +49,6 @@ def stage_module(name: str) -> Any:
 
 def apply_run_settings(cfg: PipelineConfig) -> int:
     """Torch threads (run.torch_threads, or the pipeline flow's share) and the seed; returns the threads."""
-    import torch
-
     threads = torch_threads(cfg.run.torch_threads)
     torch.set_num_threads(threads)
     torch.manual_seed(cfg.run.seed)

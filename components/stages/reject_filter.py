@@ -51,10 +51,10 @@ def validate_accepted(
     accepted: list[dict[str, Any]], rates: dict[str, float], cfg: RejectFilterConfig
 ) -> dict[str, Any]:
     """Run the Great Expectations suite on the accepted set; returns a JSON-ready report."""
-    import great_expectations as gx
-    import great_expectations.expectations as gxe
-    import pandas as pd
-    from great_expectations.data_context.types.base import ProgressBarsConfig
+    import great_expectations as gx  # lazy: great_expectations
+    import great_expectations.expectations as gxe  # lazy: great_expectations
+    import pandas as pd  # lazy: pandas
+    from great_expectations.data_context.types.base import ProgressBarsConfig  # lazy: great_expectations
 
     context = gx.get_context(mode="ephemeral")
     context.variables.progress_bars = ProgressBarsConfig(globally=False)

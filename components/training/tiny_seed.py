@@ -32,6 +32,7 @@ import json
 import logging
 import platform
 import random
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -189,8 +190,6 @@ def first_steps_fingerprint(cfg: Any, n_steps: int = FINGERPRINT_STEPS) -> dict[
     What the reproduction test compares with the card: the data, tokenizer, initialisation and optimizer
     of the build, in seconds (the losses at one torch thread; other thread counts agree to ~1e-6).
     """
-    import tempfile
-
     from components.training.sft import train_sft  # lazy: transformers
 
     tokenizer, model = new_tokenizer_and_model(cfg)

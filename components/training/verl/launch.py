@@ -37,6 +37,7 @@ import contextlib
 import json
 import os
 import shlex
+import subprocess
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -386,8 +387,8 @@ def compose_verl_config(overrides: list[str]) -> Any:
 
     Raises Hydra's error (naming the key) when an override does not exist in this verl version.
     """
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
+    from hydra import compose, initialize_config_dir  # lazy: hydra
+    from hydra.core.global_hydra import GlobalHydra  # lazy: hydra
 
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(verl_config_dir()), version_base=None):
@@ -426,7 +427,7 @@ def write_verl_parquet(
     extra = dict(reward or {})
     if generation:
         extra["generation"] = dict(generation)
-    import pandas as pd
+    import pandas as pd  # lazy: pandas
 
     rows = [
         {
@@ -492,7 +493,7 @@ def check_prompt_lengths(
     verl 0.9.1's agent loop cuts a longer prompt from the front and goes on, with a log line only
     (``data.truncation: error`` does not reach it, ``AgentLoopBase._cap_text_prompt_length``): the model
     would be trained on problems with their beginning missing. So the job is refused before it is launched."""
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # lazy: transformers
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_path))
     texts = [render_prompt(tokenizer, p["problem"], prompts_cfg, stage_cfg.prompt_style) for p in problems]
@@ -513,7 +514,7 @@ def check_tag_tokens(stage: str, model_path: Path | str, schema: str) -> None:
     """ConfigError unless the starting model's tokenizer holds ``schema``'s tags as single tokens: the
     ``npr_parallel`` agent loop and the NPR actor need them, and without them every sample of the job fails
     in its agent loop (found by a real run: a Parallel-R1 job from a model without Parallel-R1's tags)."""
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # lazy: transformers
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_path))
     try:
@@ -735,7 +736,7 @@ def validate_job(stage: str, cfg: Any) -> VerlJobCheck:
     schema = cfg.schema_of(stage)
     env_vars = plugin_env_vars(stage_cfg, schema, cfg.merge_semantics)
 
-    from omegaconf import OmegaConf
+    from omegaconf import OmegaConf  # lazy: omegaconf
     from verl.trainer.ppo.core_algos import get_adv_estimator_fn, get_policy_loss_fn
     from verl.trainer.ppo.reward import get_custom_reward_fn, resolve_reward_manager_cls
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
@@ -910,8 +911,6 @@ def _resolve_sampler(stage: str, config: Any) -> str | None:
 def launch(stage: str, cfg: Any, dry_run: bool = False) -> int:
     """``npr verl launch STAGE [--dry-run] [--profile P]``: validate the verl job of an RL stage, print its
     settings and command, and (without ``dry_run``) write its inputs and submit it; returns the exit status."""
-    import subprocess
-
     stage_cfg = getattr(cfg, stage)
     try:
         check = validate_job(stage, cfg)

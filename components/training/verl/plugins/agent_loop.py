@@ -69,7 +69,7 @@ BACKEND = "verl"
 
 def registered_agent_loop(name: str) -> type:
     """The class verl's ``AgentLoopWorker`` instantiates for ``name`` (KeyError if none is registered)."""
-    import hydra.utils
+    import hydra.utils  # lazy: hydra
 
     if name not in _agent_loop_registry:
         # verl's own loops register when their module is imported, as its agent-loop package does

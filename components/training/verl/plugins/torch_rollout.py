@@ -33,6 +33,7 @@ raises).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
 import time
@@ -86,8 +87,6 @@ def max_new_tokens_of(
 
 def hash_tokens(tokens: list[int]) -> str:
     """A short stable digest of a token sequence (part of a request's derived seed)."""
-    import hashlib
-
     return hashlib.sha256(",".join(map(str, tokens)).encode()).hexdigest()[:16]
 
 
@@ -102,7 +101,7 @@ class TorchRolloutServer:
         replica_rank: int,
         node_rank: int = 0,
     ) -> None:
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM  # lazy: transformers
         from verl.utils.config import omega_conf_to_dataclass
         from verl.workers.config import HFModelConfig
 
