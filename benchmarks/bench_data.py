@@ -77,7 +77,7 @@ def main() -> None:
     cfg = load_config(profile="tiny")
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        fetched = fetch_data(cfg, tmp / "data", args.source)
+        fetched = fetch_data(cfg.sample_orz, tmp / "data", args.source)
         orz_dir = tmp / "data" / "orz"
 
         t0 = time.perf_counter()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import errno
 import fcntl
 import json
@@ -26,8 +28,6 @@ def exchange_paths(a: Path, b: Path) -> bool:
     file system cannot, so the caller falls back to two renames."""
     if sys.platform != "linux":
         return False
-    import ctypes
-    import ctypes.util
 
     try:
         renameat2 = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True).renameat2

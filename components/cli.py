@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -82,7 +84,7 @@ def _fail(msg: str, code: int = 2) -> None:
 
 
 def _load(profile: str | None = None, overrides: list[str] | None = None):
-    from components.config import load_config
+    from components.config import load_config  # lazy: torch
 
     return load_config(profile=profile, overrides=overrides or [])  # a ConfigError is one line, exit 2
 
@@ -93,7 +95,7 @@ def config_show(
     set_: SetOpt = None,
 ) -> None:
     """Print the resolved, validated config."""
-    from components.config import dump_yaml
+    from components.config import dump_yaml  # lazy: torch
 
     typer.echo(dump_yaml(_load(profile, set_)))
 
@@ -108,7 +110,7 @@ def config_check(
     from rich.console import Console
     from rich.table import Table
 
-    from components.config_check import check_profile
+    from components.config_check import check_profile  # lazy: torch
 
     cfg = _load(profile, set_)
     rows = check_profile(cfg)
@@ -127,7 +129,7 @@ def config_check(
 @config_app.command("use")
 def config_use(profile: str, set_: SetOpt = None) -> None:
     """Write configs/PROFILE.yaml (plus overrides) to params.yaml."""
-    from components.config import materialise_profile
+    from components.config import materialise_profile  # lazy: torch
 
     cfg = materialise_profile(profile, set_ or [])
     typer.echo(f"params.yaml now holds profile {cfg.profile!r}")
@@ -143,7 +145,7 @@ def verl_launch(
 ) -> None:
     """Validate an RL stage's verl job with verl itself, print its settings and command, and (without
     --dry-run) write its inputs and submit it."""
-    from components.training.verl.launch import launch
+    from components.training.verl.launch import launch  # lazy: verl
 
     code = launch(stage, _load(profile), dry_run=dry_run)
     if code:
@@ -163,9 +165,7 @@ def seed_build(
 ) -> None:
     """Build the tiny instruct checkpoint from scratch with the tiny profile's `seed` recipe (hours on 2
     cores); writes the model, its card and checksums. Resumes from --work."""
-    import os
-
-    from components.training import tiny_seed
+    from components.training import tiny_seed  # lazy: torch
 
     configure_logging()
     cfg = _load("tiny", set_)
@@ -183,9 +183,7 @@ def seed_build(
 @app.command("stage")
 def stage(name: str, set_: SetOpt = None, as_json: JsonOpt = False) -> None:
     """Run one stage with params.yaml (this is the cmd of every dvc.yaml stage); ends with its summary."""
-    import os
-
-    from components.stages import run_stage
+    from components.stages import run_stage  # lazy: torch
 
     if os.environ.get("NPR_RESTORE_ONLY"):
         # set while the flow restores a stage that ran on another machine (flows/stage.py): DVC found no
@@ -195,11 +193,11 @@ def stage(name: str, set_: SetOpt = None, as_json: JsonOpt = False) -> None:
             "cached run for it and tried to run it here: push its run-cache from the machine that ran it"
         )
     cfg = _load(None, set_)
-    from components.training.distributed import is_main_process, torchrun_argv
+    from components.training.distributed import is_main_process, torchrun_argv  # lazy: torch
 
     # A stage configured for several processes (FSDP SFT) reruns this very command under torchrun.
     this = sys.argv[0] if os.access(sys.argv[0], os.X_OK) else "npr"  # the npr script, as invoked
-    relaunch = torchrun_argv(getattr(getattr(cfg, name, None), "nproc_per_node", 1), [this, *sys.argv[1:]])
+    relaunch = torchrun_argv(getattr(cfg.section(name), "nproc_per_node", 1), [this, *sys.argv[1:]])
     if relaunch is not None:
         os.execvp(relaunch[0], relaunch)
     metrics = run_stage(name, cfg)  # bad config/data: one line, exit 2; a bug: its traceback
@@ -214,8 +212,8 @@ def stage(name: str, set_: SetOpt = None, as_json: JsonOpt = False) -> None:
 def _print_summary(name: str, metrics: dict, where: str) -> None:
     """The stage's flat metrics (what `dvc metrics show` reads) as a short table; an evaluation as one row
     per checkpoint with its accuracy per benchmark."""
-    from components.progress import print_table
-    from components.reporting import checkpoint_summary, flatten, stage_summary
+    from components.progress import print_table  # lazy: startup
+    from components.reporting import checkpoint_summary, flatten, stage_summary  # lazy: torch
 
     if "checkpoints" in metrics:
         rows = [
@@ -241,8 +239,8 @@ def run(
     changes only the keys it names in params.yaml (hand edits and `dvc exp run -S` values stay). With
     ``--dry-run`` nothing is written: the plan shows what the change would make stale.
     """
-    from components.config import PARAMS_FILE, materialise_profile, override_params
-    from components.dag import stage_order
+    from components.config import PARAMS_FILE, materialise_profile, override_params  # lazy: torch
+    from components.dag import stage_order  # lazy: startup
 
     order = stage_order()
     selected = order if not stages else [s.strip() for s in stages.split(",") if s.strip()]
@@ -250,8 +248,8 @@ def run(
     if unknown:
         _fail(f"unknown stage(s): {', '.join(unknown)}; known: {', '.join(order)}")
     if dry_run:
-        from components.config import load_config
-        from flows.pipeline import plan
+        from components.config import load_config  # lazy: torch
+        from flows.pipeline import plan  # lazy: prefect
 
         current = _load() if PARAMS_FILE.exists() else None
         if profile:
@@ -268,7 +266,7 @@ def run(
     elif set_:
         override_params(set_)
     cfg = _load()
-    from flows.pipeline import npr_pipeline
+    from flows.pipeline import npr_pipeline  # lazy: prefect
 
     state = npr_pipeline(profile=cfg.profile, stages=selected, return_state=True)
     if not state.is_completed():
@@ -287,18 +285,18 @@ def data_fetch(
     as_json: JsonOpt = False,
 ) -> None:
     """Populate data/ (ORZ problems and benchmarks) from a local directory or the hub."""
-    from components.data.fetch import fetch_data
+    from components.data.fetch import fetch_data  # lazy: startup
 
     cfg = _load()
     try:
-        summary = fetch_data(cfg, dest=dest, source=from_)
+        summary = fetch_data(cfg.sample_orz, dest=dest, source=from_)
     except (FileNotFoundError, ValueError, ConnectionError) as err:
         _fail(str(err), 1)
     summary["dvc"] = _track_with_dvc(dest)
     if as_json:
         typer.echo(json.dumps(summary, indent=2))
         return
-    from components.progress import print_table
+    from components.progress import print_table  # lazy: startup
 
     # lists (files copied, skipped with their reasons) are counted here; --json lists them
     rows = {k: (len(v) if isinstance(v, list | dict) else v) for k, v in summary.items()}
@@ -308,8 +306,6 @@ def data_fetch(
 def _track_with_dvc(dest: Path) -> str:
     """`dvc add` the fetched directory: same content -> data.dvc unchanged, now also in the DVC cache (so
     `dvc status` is clean and `dvc push` can send it); new content -> data.dvc updated, to commit."""
-    import subprocess
-
     if not Path(".dvc").is_dir() or not Path(f"{dest}.dvc").exists():
         return "not tracked (no .dvc directory or no data.dvc here)"
     before = Path(f"{dest}.dvc").read_text()
@@ -329,7 +325,7 @@ def grade(
     ] = None,
 ) -> None:
     """Grade one (pred, gold) pair (prints true/false) or a JSONL file (to stdout)."""
-    from components.grading.cli_ops import grade_jsonl, grade_pair
+    from components.grading.cli_ops import grade_jsonl, grade_pair  # lazy: torch
 
     cfg = _load().grading if Path("params.yaml").exists() else None
     if jsonl is not None:
@@ -351,7 +347,7 @@ def check_format(
     schema: Annotated[str, typer.Option(help="npr | multiverse | parallel_r1")] = "npr",
 ) -> None:
     """Print {valid, score, violations} for a response, as JSON."""
-    from components.grading.cli_ops import check_format_text
+    from components.grading.cli_ops import check_format_text  # lazy: torch
 
     raw = sys.stdin.buffer.read() if file == "-" else Path(file).read_bytes()
     typer.echo(json.dumps(check_format_text(response_text(raw, file), schema), indent=2))
@@ -395,8 +391,8 @@ def eval_(
 
     A bad benchmark name or file is one line and exit status 2.
     """
-    from components.data.benchmarks import FieldMap
-    from components.evaluation.adhoc import evaluate_checkpoint
+    from components.data.benchmarks import FieldMap  # lazy: startup
+    from components.evaluation.adhoc import evaluate_checkpoint  # lazy: torch
 
     cfg = _load(None, set_)
     names = [b.strip() for b in benchmarks.split(",") if b.strip()]
@@ -416,7 +412,7 @@ def _nightly_profile(profile: str | None) -> str:
     """The profile the nightly evaluates with: ``--profile``, else params.yaml's, else tiny."""
     if profile:
         return profile
-    from components.config import PARAMS_FILE
+    from components.config import PARAMS_FILE  # lazy: torch
 
     return _load().profile if PARAMS_FILE.exists() else "tiny"
 
@@ -436,7 +432,7 @@ def nightly_promote(
     A baseline of another checkpoint with the same settings is compared first (noise-aware); a regression
     refuses the promotion (exit 1) unless --force.
     """
-    from flows.nightly import PromotionRefused, promote
+    from flows.nightly import PromotionRefused, promote  # lazy: prefect
 
     name = _nightly_profile(profile)
     try:
@@ -469,7 +465,7 @@ def nightly_run(
     Exit 0 on pass or warn, 1 on a regression (the alert file and webhook say so), 2 when the baseline is
     of another checkpoint or other settings (the message says what to run).
     """
-    from flows.nightly import nightly_eval, preflight
+    from flows.nightly import nightly_eval, preflight  # lazy: prefect
 
     name = _nightly_profile(profile)
     preflight(name, checkpoint, baseline)  # a user error or a refusal: one line, exit 2, no flow run
@@ -504,7 +500,7 @@ def storage_init(
     default: Annotated[bool, typer.Option(help="Make it DVC's default remote on this machine")] = True,
 ) -> None:
     """Create the bucket if allowed, point the DVC remote at it (.dvc/config.local), check a probe object."""
-    from components.storage_init import init_s3
+    from components.storage_init import init_s3  # lazy: startup
 
     done = init_s3(url, Path("."), remote=remote, create=create, default=default)
     typer.echo(f"bucket {done['bucket']}: {'created' if done['created'] else 'exists'}")
@@ -527,9 +523,7 @@ def plots(
     The page template (Vega inlined) is written to .dvc/tmp/ on first use; plain `dvc plots show` uses it
     too (.dvc/config names it), once any stage ran or `npr plots template` did.
     """
-    import subprocess
-
-    from components.ops.plots_html import ensure_offline_template
+    from components.ops.plots_html import ensure_offline_template  # lazy: startup
 
     path = ensure_offline_template()
     if path is None:
@@ -550,17 +544,19 @@ def server(
     register: Annotated[bool, typer.Option(help="Create work pools and deployments")] = True,
 ) -> None:
     """Start a local Prefect server (UI on http://HOST:PORT) and register the deployments."""
-    from components.ops.prefect_ops import start_server
+    from components.config import load_orchestration  # lazy: torch
+    from components.ops.prefect_ops import start_server  # lazy: startup
 
-    start_server(host=host, port=port, register=register)
+    start_server(load_orchestration(Path.cwd()), host=host, port=port, register=register)
 
 
 @app.command("worker")
 def worker(pool: Annotated[str, typer.Option(help="Work pool: cpu | gpu")] = "cpu") -> None:
     """Run a Prefect worker for a pool until Ctrl-C, SIGTERM or SIGHUP (which stop it and its flow runs)."""
-    from components.ops.prefect_ops import start_worker
+    from components.config import load_orchestration  # lazy: torch
+    from components.ops.prefect_ops import start_worker  # lazy: startup
 
-    raise typer.Exit(start_worker(pool))
+    raise typer.Exit(start_worker(pool, load_orchestration(Path.cwd().resolve())))
 
 
 def configure_logging() -> None:

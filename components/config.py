@@ -14,7 +14,7 @@ jobs get). YAML is read as YAML 1.2 reads numbers (``1e-4`` is a float, as DVC w
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
@@ -39,6 +39,8 @@ CONFIGS_DIR = Path("configs")
 PARAMS_FILE = Path("params.yaml")
 PREFECT_FILE = Path("prefect.yaml")
 GPU_STAGE_DEPLOYMENT = "npr-stage"  # the deployment gpu stages are dispatched to (flows/pipeline.py)
+
+SectionT = TypeVar("SectionT", bound=BaseModel)
 
 
 class RunConfig(StrictModel):
@@ -148,6 +150,15 @@ class PipelineConfig(StrictModel):
             raise ValueError("; ".join(problems))
         return self
 
+    def sections(self, kind: type[SectionT] | tuple[type[SectionT], ...]) -> dict[str, SectionT]:
+        """This config's sections of type ``kind`` (``sections_of``: the stage table), by name, in field
+        order: the typed way to go over the RL stages (``cfg.sections(RLStageConfig)``) and the like."""
+        return {name: getattr(self, name) for name in sections_of(kind)}
+
+    def section(self, stage: str) -> BaseModel | None:
+        """The section of pipeline stage ``stage`` (None for a name that is not a stage's)."""
+        return self.sections(STAGE_SECTION_TYPES).get(stage)
+
     def schema_of(self, stage: str) -> str:
         """The structure schema of a stage's traces (and of the checkpoint it writes): the stage section's
         own (Parallel-R1's stages: ``parallel_r1``) or the pipeline's ``schema_name``."""
@@ -215,9 +226,13 @@ def sft_stages() -> tuple[str, ...]:
     return sections_of(SFTStageConfig)
 
 
+# The section types of the stages that only sample from a model (their section has the engine's ``generation``).
+DECODE_KINDS: tuple[type[BaseModel], ...] = (DistillConfig, EvaluateConfig)
+
+
 def decode_stages() -> tuple[str, ...]:
-    """The stages that only sample from a model (their section has the engine's ``generation``)."""
-    return sections_of((DistillConfig, EvaluateConfig))
+    """The stages that only sample from a model (``DECODE_KINDS``)."""
+    return sections_of(DECODE_KINDS)
 
 
 def model_stages() -> tuple[str, ...]:
@@ -230,16 +245,16 @@ def parallel_r1_stages() -> tuple[str, ...]:
     return sections_of((PR1ColdStartConfig, PR1RLConfig))
 
 
-RL_STAGES = rl_stages()
-SFT_STAGES = sft_stages()
+# The section types whose seeds drive training: every RL and SFT stage (rollout sampling, data order and
+# selection, init) and distillation's sampling. Not ``sample_orz`` (the problems and the test split stay
+# the same), not ``seed`` (the committed seed model's recipe), not ``evaluate`` (its sampling stays fixed,
+# so that the spread of a retrained run is the training's).
+TRAINING_SEED_KINDS: tuple[type[BaseModel], ...] = (RLStageConfig, SFTStageConfig, DistillConfig)
 
 
 def training_seed_sections() -> tuple[str, ...]:
-    """The sections whose seeds drive training: every RL and SFT stage (rollout sampling, data order and
-    selection, init) and distillation's sampling. Not ``sample_orz`` (the problems and the test split stay
-    the same), not ``seed`` (the committed seed model's recipe), not ``evaluate`` (its sampling stays fixed,
-    so that the spread of a retrained run is the training's)."""
-    return sections_of((RLStageConfig, SFTStageConfig, DistillConfig))
+    """The sections whose seeds drive training (``TRAINING_SEED_KINDS``)."""
+    return sections_of(TRAINING_SEED_KINDS)
 
 
 def _seed_fields(model: BaseModel, prefix: str) -> dict[str, int]:
@@ -261,8 +276,8 @@ def training_seeds(cfg: PipelineConfig) -> dict[str, int]:
     the ``training_seed_sections``. ``run.seed`` is left out when the seed stage builds the seed model from
     it (``models.base_model: tiny``): shifting it would retrain the seed model, whose recipe stays fixed."""
     seeds = {} if cfg.models.base_model == "tiny" else {"run.seed": cfg.run.seed}
-    for section in training_seed_sections():
-        seeds.update(_seed_fields(getattr(cfg, section), section))
+    for name, section in cfg.sections(TRAINING_SEED_KINDS).items():
+        seeds.update(_seed_fields(section, name))
     return seeds
 
 
@@ -279,7 +294,7 @@ def training_seed_overrides(cfg: PipelineConfig, offset: int) -> list[str]:
 def _generation_lengths(cfg: PipelineConfig) -> dict[str, int]:
     """Every ``max_new_tokens`` of the config, by key path."""
     out = {"seed.max_new_tokens": cfg.seed.max_new_tokens}
-    out.update({f"{s}.max_new_tokens": getattr(cfg, s).max_new_tokens for s in RL_STAGES})
+    out.update({f"{s}.max_new_tokens": sc.max_new_tokens for s, sc in cfg.sections(RLStageConfig).items()})
     out["distill.generation.max_new_tokens"] = cfg.distill.generation.max_new_tokens
     out["evaluate.generation.max_new_tokens"] = cfg.evaluate.generation.max_new_tokens
     if cfg.parallel_r1.max_new_tokens is not None:
@@ -306,9 +321,9 @@ def _merge_problems(cfg: PipelineConfig) -> list[str]:
             f"{', '.join(k + '.sglang_isolated_merge' for k in plugin)} to false"
         ]
     modes = {
-        f"{s}.merge_mode": getattr(cfg, s).merge_mode
-        for s in RL_STAGES
-        if getattr(cfg, s).engine_mode == "parallel"
+        f"{s}.merge_mode": sc.merge_mode
+        for s, sc in cfg.sections(RLStageConfig).items()
+        if sc.engine_mode == "parallel"
     }
     if cfg.distill.generation.mode == "parallel":
         modes["distill.generation.merge_mode"] = cfg.distill.generation.merge_mode
@@ -339,12 +354,11 @@ def cross_field_problems(cfg: PipelineConfig) -> list[str]:
                     f"{key}={n} leaves no room for the prompt within models.tiny.max_position_embeddings={limit}"
                 )
         lengths = {"seed.max_length": cfg.seed.max_length}
-        lengths.update({f"{s}.max_length": getattr(cfg, s).max_length for s in SFT_STAGES})
+        lengths.update({f"{s}.max_length": sc.max_length for s, sc in cfg.sections(SFTStageConfig).items()})
         for key, n in lengths.items():
             if n > limit:
                 problems.append(f"{key}={n} exceeds models.tiny.max_position_embeddings={limit}")
-    for stage in RL_STAGES:
-        sc = getattr(cfg, stage)
+    for stage, sc in cfg.sections(RLStageConfig).items():
         if sc.engine_mode == "parallel" and not sc.structural_filter:
             problems.append(f"{stage}.engine_mode 'parallel' needs {stage}.structural_filter: true")
     problems += _merge_problems(cfg)
@@ -377,7 +391,7 @@ def check_workspace(cfg: PipelineConfig, source: str, root: Path | None = None) 
     pool = gpu_pool_size(root / PREFECT_FILE)
     if pool is not None:
         for stage in cfg.orchestration.gpu_stages:
-            need = getattr(getattr(cfg, stage, None), "nproc_per_node", None)
+            need = getattr(cfg.section(stage), "nproc_per_node", None)
             if need is not None and need > pool:
                 problems.append(
                     f"{stage}.nproc_per_node={need} but a job of the gpu pool gets {pool} GPUs "
@@ -466,6 +480,15 @@ def load_config(
     cfg = validate_config(data, str(source))
     check_workspace(cfg, str(source), root)
     return cfg
+
+
+def load_orchestration(root: Path | None = None) -> OrchestrationConfig:
+    """The orchestration section of ``root``'s params.yaml (``npr server`` / ``npr worker``), or its defaults
+    when there is no params.yaml yet."""
+    params = (root or Path(".")) / PARAMS_FILE
+    if not params.exists():
+        return OrchestrationConfig()
+    return load_config(params).orchestration
 
 
 def materialise_profile(

@@ -29,15 +29,20 @@ A prompt longer than ``<stage>.verl.max_prompt_length`` needs the data, so it is
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from components.config import decode_stages, pipeline_stages, rl_stages
-from components.training import memory
+import yaml
 
-# The stage table is the config's (components.config): stage names live in dvc.yaml and its sections only.
-RL_STAGES = rl_stages()
-PIPELINE_STAGES = pipeline_stages()
+from components.config import DECODE_KINDS, ConfigError, PipelineConfig, pipeline_stages
+from components.engine.backends.sglang_client import API_KEY_ENV
+from components.training import memory
+from components.training.config import RLStageConfig
+
+# The stage table is the config's (components.config): stage names live in dvc.yaml and its sections only,
+# and a check goes over the sections of a kind (``cfg.sections(RLStageConfig)``).
 
 
 @dataclass(frozen=True)
@@ -50,15 +55,15 @@ class Check:
     detail: str
 
 
-def check_validation_split(cfg: Any) -> list[Check]:
+def check_validation_split(cfg: PipelineConfig) -> list[Check]:
     rows = []
-    for stage in RL_STAGES:
+    for stage, sc in cfg.sections(RLStageConfig).items():
         # the held-out split the RL stages evaluate on: val when sample_orz writes one, else test
         held_out = cfg.sample_orz.val_n or cfg.sample_orz.test_n
         split = "val" if cfg.sample_orz.val_n else "test"
         ok = held_out > 0
         detail = (
-            f"{held_out} held-out problems of the {split} split ({stage}.eval_n = {getattr(cfg, stage).eval_n})"
+            f"{held_out} held-out problems of the {split} split ({stage}.eval_n = {sc.eval_n})"
             if ok
             else f"sample_orz.val_n and sample_orz.test_n are 0: {stage} evaluates on the held-out split (verl: "
             "data.val_files) and would get none; set sample_orz.val_n > 0"
@@ -67,11 +72,11 @@ def check_validation_split(cfg: Any) -> list[Check]:
     return rows
 
 
-def check_memory(cfg: Any) -> list[Check]:
+def check_memory(cfg: PipelineConfig) -> list[Check]:
     gpu = cfg.orchestration.gpu
     capacity = memory.capacity_bytes(gpu)
     rows = []
-    for stage in PIPELINE_STAGES:
+    for stage in pipeline_stages():
         try:
             plans = memory.plan_stage(stage, cfg)
         except memory.MemoryPlanError as err:
@@ -96,24 +101,26 @@ def check_memory(cfg: Any) -> list[Check]:
     return rows
 
 
-def _generating_stages(cfg: Any) -> list[tuple[str, int, str]]:
+def _generating_stages(cfg: PipelineConfig) -> list[tuple[str, int, str]]:
     """(stage, max_new_tokens, the setting's key) of every stage that samples."""
-    out = [(s, getattr(cfg, s).max_new_tokens, f"{s}.max_new_tokens") for s in RL_STAGES]
+    out = [(s, sc.max_new_tokens, f"{s}.max_new_tokens") for s, sc in cfg.sections(RLStageConfig).items()]
     out += [
-        (s, getattr(cfg, s).generation.max_new_tokens, f"{s}.generation.max_new_tokens")
-        for s in decode_stages()
+        (s, sc.generation.max_new_tokens, f"{s}.generation.max_new_tokens")
+        for s, sc in cfg.sections(DECODE_KINDS).items()
     ]
     if cfg.models.base_model == "tiny" and cfg.seed.enabled:
         out.append(("seed", cfg.seed.max_new_tokens, "seed.max_new_tokens"))
     return out
 
 
-def check_context_length(cfg: Any) -> list[Check]:
+def check_context_length(cfg: PipelineConfig) -> list[Check]:
     shape = memory.model_shape(cfg)
+    rl = cfg.sections(RLStageConfig)
+    decoders = cfg.sections(DECODE_KINDS)
     rows = []
     for stage, max_new, key in _generating_stages(cfg):
-        prompt = memory.prompt_bound(cfg, stage)
-        bound_key = f"{stage if stage in RL_STAGES else 'npr_zero'}.verl.max_prompt_length"
+        prompt = memory.prompt_bound(cfg, rl.get(stage))
+        bound_key = f"{stage if stage in rl else 'npr_zero'}.verl.max_prompt_length"
         need = prompt + max_new
         problems = []
         if shape.max_positions and need > shape.max_positions:
@@ -122,13 +129,14 @@ def check_context_length(cfg: Any) -> list[Check]:
                 f"the model's {shape.max_positions} positions"
             )
         server = None
-        if stage in decode_stages() and getattr(cfg, stage).generation.backend == "sglang":
-            spec = memory.sglang_spec(getattr(cfg, stage).generation)
+        gen = decoders[stage].generation if stage in decoders else None
+        if gen is not None and gen.backend == "sglang":
+            spec = memory.sglang_spec(gen)
             server = spec.get("context_length")
             if server is not None and int(server) < need:
                 problems.append(
                     f"the SGLang server's context_length {server} "
-                    f"({getattr(getattr(cfg, stage).generation, 'server_spec', memory.DEFAULT_SGLANG_SPEC)}) "
+                    f"({getattr(gen, 'server_spec', memory.DEFAULT_SGLANG_SPEC)}) "
                     f"is below prompt bound {prompt} + {key} {max_new} = {need}: the server rejects "
                     f"any prompt over {int(server) - max_new} tokens; raise context_length or lower {key}"
                 )
@@ -140,10 +148,10 @@ def check_context_length(cfg: Any) -> list[Check]:
     return rows
 
 
-def check_gpu_counts(cfg: Any) -> list[Check]:
+def check_gpu_counts(cfg: PipelineConfig) -> list[Check]:
     orch = cfg.orchestration
     rows = []
-    for stage in PIPELINE_STAGES:
+    for stage in pipeline_stages():
         try:
             gpus = memory.gpus_for(stage, cfg)
         except memory.MemoryPlanError as err:
@@ -187,10 +195,9 @@ def check_gpu_counts(cfg: Any) -> list[Check]:
     return rows
 
 
-def check_ray(cfg: Any) -> list[Check]:
+def check_ray(cfg: PipelineConfig) -> list[Check]:
     rows = []
-    for stage in RL_STAGES:
-        sc = getattr(cfg, stage)
+    for stage, sc in cfg.sections(RLStageConfig).items():
         if sc.backend != "verl":
             continue
         v = sc.verl
@@ -228,15 +235,14 @@ def check_ray(cfg: Any) -> list[Check]:
     return rows
 
 
-def check_verl(cfg: Any) -> list[Check]:
+def check_verl(cfg: PipelineConfig) -> list[Check]:
     """verl's own validation of each verl RL stage's job (``verl.launch.validate_job``: verl's
     ``validate_config`` as ``main_ppo`` calls it, and every plugin the job names resolved)."""
-    from components.config import ConfigError
-    from components.training.verl.launch import validate_job
+    from components.training.verl.launch import validate_job  # lazy: verl
 
     rows = []
-    for stage in RL_STAGES:
-        if getattr(cfg, stage).backend != "verl":
+    for stage, sc in cfg.sections(RLStageConfig).items():
+        if sc.backend != "verl":
             continue
         try:
             summary = validate_job(stage, cfg).summary()
@@ -254,15 +260,14 @@ CHECKPOINT_BYTES_PER_PARAM = 12
 MERGED_BYTES_PER_PARAM = 2  # the stage's output: verl's model merger writes bf16
 
 
-def check_checkpoint_disk(cfg: Any) -> list[Check]:
+def check_checkpoint_disk(cfg: PipelineConfig) -> list[Check]:
     """The checkpoints a verl stage keeps (``verl.keep_checkpoints``, verl's ``max_actor_ckpt_to_keep``;
     verl's own default keeps every one) plus its merged output fit the node's declared disk
     (``orchestration.gpu.disk_gib``)."""
     shape = memory.model_shape(cfg)
     disk = cfg.orchestration.gpu.disk_gib * 2**30
     rows = []
-    for stage in RL_STAGES:
-        sc = getattr(cfg, stage)
+    for stage, sc in cfg.sections(RLStageConfig).items():
         if sc.backend != "verl":
             continue
         saves = max(1, sc.steps // max(1, sc.save_every))
@@ -308,22 +313,15 @@ def _job_secrets(template: Any) -> set[str]:
     }
 
 
-def check_sglang_api_key(cfg: Any, root: Any = None) -> list[Check]:
+def check_sglang_api_key(cfg: PipelineConfig, root: Any = None) -> list[Check]:
     """A server that requires a key and every client that talks to it use the same key: the server spec's
     ``api_key_env`` is the variable the client sends (``sglang_client.API_KEY_ENV``); and on the cluster the
     SGLang Deployment reads the key from a secret entry named like that variable, in a secret the gpu-pool
     jobs take their environment from (so distill and evaluate there hold it)."""
-    import json
-    from pathlib import Path
-
-    import yaml
-
-    from components.engine.backends.sglang_client import API_KEY_ENV
-
     root = Path(root or ".")
     rows = []
-    for stage in decode_stages():
-        gen = getattr(cfg, stage).generation
+    for stage, section in cfg.sections(DECODE_KINDS).items():
+        gen = section.generation
         if gen.backend != "sglang":
             continue
         spec = {**memory.sglang_spec(gen), **dict(gen.server_args)}
@@ -366,6 +364,6 @@ CHECKS = (
 )
 
 
-def check_profile(cfg: Any) -> list[Check]:
+def check_profile(cfg: PipelineConfig) -> list[Check]:
     """Every static check of ``cfg`` (see the module docstring), in a stable order."""
     return [row for check in CHECKS for row in check(cfg)]

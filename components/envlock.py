@@ -19,6 +19,7 @@ installed. ``packaging`` (installed with the lock) is imported where pins are re
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import re
@@ -304,8 +305,6 @@ def compile_target(tgt: Target, out: Path, uv_args: Sequence[str] = (), root: Pa
 
 
 def main(argv: Sequence[str] | None = None, root: Path = ROOT) -> int:
-    import argparse
-
     parser = argparse.ArgumentParser(prog="python infra/envlock.py", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     check = sub.add_parser("check", help="each lock matches pyproject.toml (and, with --target, this Python)")

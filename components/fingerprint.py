@@ -73,9 +73,9 @@ def _dvc_md5s(files: list[Path]) -> list[str] | None:
     """md5s through DVC's state database (what ``dvc status``/``dvc repro`` computed and cached); None
     outside a DVC repository or when DVC cannot be used, so the caller hashes the files itself."""
     try:
-        from dvc.fs import LocalFileSystem
-        from dvc.repo import Repo
-        from dvc_data.hashfile.hash import hash_file
+        from dvc.fs import LocalFileSystem  # lazy: dvc
+        from dvc.repo import Repo  # lazy: dvc
+        from dvc_data.hashfile.hash import hash_file  # lazy: dvc
     except ImportError:
         return None
     try:

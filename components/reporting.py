@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from components.artifacts import read_json, write_json
+from components.config import PipelineConfig
 from components.data.config import SampleOrzConfig
 from components.engine.config import DistillConfig, RejectFilterConfig
 from components.evaluation.report import accuracy_table, throughput_table
@@ -138,7 +139,11 @@ def checkpoint_summary(ckpt: Mapping[str, Any]) -> Flat:
         out.update(
             _pick(
                 ckpt.get("throughput", {}),
-                {"speedup": "achieved_speedup", "ideal_speedup": "ideal_speedup", "tokens_per_s": "tokens_per_s"},
+                {
+                    "speedup": "achieved_speedup",
+                    "ideal_speedup": "ideal_speedup",
+                    "tokens_per_s": "tokens_per_s",
+                },
             )
         )
     per_bench = {name: _number(b.get("accuracy")) for name, b in benches.items()}
@@ -161,8 +166,6 @@ SUMMARIES: dict[type, Callable[[Mapping[str, Any]], Flat]] = {
 def summary_of(stage: str) -> Callable[[Mapping[str, Any]], Flat] | None:
     """The summary function of ``stage``'s kind; None for a stage without one of its own (``evaluate``,
     whose metrics are per checkpoint, or a name the config has no section for)."""
-    from components.config import PipelineConfig  # lazily: the config imports the whole settings tree
-
     field = PipelineConfig.model_fields.get(stage)
     kind = field.annotation if field is not None else None
     if not isinstance(kind, type):

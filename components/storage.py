@@ -116,14 +116,13 @@ def upstream_artifacts(stage: str, root: Path | str | None = None) -> list[str]:
     return [d for d in specs[stage].deps if Path(d).parts[:1] == (ARTIFACTS,) and d in produced]
 
 
-def remote_uri(path: str, cfg: Any, root: Path | str | None = None) -> str:
+def remote_uri(path: str, storage: StorageConfig, root: Path | str | None = None) -> str:
     """Where DVC keeps the current version of an output on the remote (content-addressed).
 
     This is the URI W&B artifacts reference (``components.tracking``): e.g.
     ``s3://bucket/prefix/files/md5/ab/cdef....dir`` for a directory output.
     """
     root = Path(root or ".")
-    storage = _storage_cfg(cfg)
     for spec_stage in load_stages(root / "dvc.yaml"):
         for out in locked_outputs(spec_stage, root):
             if out["path"] == path:
@@ -131,19 +130,19 @@ def remote_uri(path: str, cfg: Any, root: Path | str | None = None) -> str:
     raise StorageError(f"{path} is not a recorded output in dvc.lock (has its stage run?)")
 
 
-def content_uri(md5: str, cfg: Any, root: Path | str | None = None) -> str:
+def content_uri(md5: str, storage: StorageConfig, root: Path | str | None = None) -> str:
     """The remote URI of the DVC object ``md5`` (a file's md5, or a directory's ``<md5>.dir``)."""
-    return _content_uri(Path(root or "."), _storage_cfg(cfg).remote, md5)
+    return _content_uri(Path(root or "."), storage.remote, md5)
 
 
 def dvc_md5(path: Path | str) -> dict[str, Any]:
     """What DVC records for ``path`` in dvc.lock (``md5``, ``size``, ``nfiles`` for a directory), computed
     here with DVC's own hashing (dvc_data): a stage can name its outputs' remote objects before DVC
     records them. Reads every byte of ``path`` once."""
-    from dvc_data.hashfile.build import build
-    from dvc_data.hashfile.db import HashFileDB
-    from dvc_objects.fs.local import LocalFileSystem
-    from dvc_objects.fs.memory import MemoryFileSystem
+    from dvc_data.hashfile.build import build  # lazy: dvc
+    from dvc_data.hashfile.db import HashFileDB  # lazy: dvc
+    from dvc_objects.fs.local import LocalFileSystem  # lazy: dvc
+    from dvc_objects.fs.memory import MemoryFileSystem  # lazy: dvc
 
     staging = HashFileDB(MemoryFileSystem(global_store=False), "/staging")
     _, meta, obj = build(staging, str(Path(path).resolve()), LocalFileSystem(), "md5")
@@ -154,7 +153,7 @@ def dvc_md5(path: Path | str) -> dict[str, Any]:
 
 
 def _content_uri(root: Path, remote: str, md5: str) -> str:
-    from dvc.repo import Repo
+    from dvc.repo import Repo  # lazy: dvc
 
     # _wait_for_lock (`dvc --wait-for-lock`): stages of independent branches may run, push and pull at once
 
@@ -172,15 +171,11 @@ def _content_uri(root: Path, remote: str, md5: str) -> str:
 # retries
 
 
-def _storage_cfg(cfg: Any) -> StorageConfig:
-    return cfg if isinstance(cfg, StorageConfig) else cfg.storage
-
-
 def _permanent_errors() -> tuple[type[BaseException], ...]:
     """DVC errors that no retry can fix: a wrong remote, stage or path name."""
-    from dvc.config import ConfigError
-    from dvc.exceptions import NoOutputOrStageError, NotDvcRepoError, OutputNotFoundError
-    from dvc.stage.exceptions import StageFileDoesNotExistError, StageNotFound
+    from dvc.config import ConfigError  # lazy: dvc
+    from dvc.exceptions import NoOutputOrStageError, NotDvcRepoError, OutputNotFoundError  # lazy: dvc
+    from dvc.stage.exceptions import StageFileDoesNotExistError, StageNotFound  # lazy: dvc
 
     return (
         ConfigError,
@@ -225,7 +220,7 @@ def _with_retries(what: str, fn: Callable[[], T], storage: StorageConfig) -> tup
 
 
 def _push_and_verify(root: Path, stages: list[str], storage: StorageConfig) -> int:
-    from dvc.repo import Repo
+    from dvc.repo import Repo  # lazy: dvc
 
     # DVC resolves targets against the working directory, not the repo: name stages by absolute path.
     targets = [f"{root / 'dvc.yaml'}:{stage}" for stage in stages]
@@ -239,15 +234,14 @@ def _push_and_verify(root: Path, stages: list[str], storage: StorageConfig) -> i
     return int(pushed or 0)
 
 
-def push_stage_outputs(stage: str, cfg: Any, root: Path | str | None = None) -> dict[str, Any]:
-    """Push ``stage``'s outputs (as recorded in dvc.lock) and the run-cache to ``cfg.storage.remote``.
+def push_stage_outputs(stage: str, storage: StorageConfig, root: Path | str | None = None) -> dict[str, Any]:
+    """Push ``stage``'s outputs (as recorded in dvc.lock) and the run-cache to ``storage.remote``.
 
     Stages left unpushed by earlier failures are pushed first, in the same transfer. Returns
     ``{stage, remote, targets, files_pushed, completed_pending, attempts, seconds}``. Raises
     ``StorageError`` when the push fails for good; every target is then (still) listed as unpushed.
     """
     root = Path(root or ".").resolve()
-    storage = _storage_cfg(cfg)
     if not locked_outputs(stage, root):
         raise StorageError(f"stage {stage!r} has no outputs recorded in dvc.lock; run it before pushing")
     pending = [s for s in pending_pushes(root) if s != stage]
@@ -274,14 +268,13 @@ def push_stage_outputs(stage: str, cfg: Any, root: Path | str | None = None) -> 
     }
 
 
-def pull_stage_inputs(stage: str, cfg: Any, root: Path | str | None = None) -> dict[str, Any]:
+def pull_stage_inputs(stage: str, storage: StorageConfig, root: Path | str | None = None) -> dict[str, Any]:
     """Pull the upstream artifacts ``stage`` depends on that are missing from the workspace.
 
     Returns ``{stage, remote, pulled, present, files_fetched, attempts, seconds}``. An input that no
     upstream run has recorded in dvc.lock cannot be pulled: that raises ``StorageError`` naming it.
     """
     root = Path(root or ".").resolve()
-    storage = _storage_cfg(cfg)
     inputs = upstream_artifacts(stage, root)
     missing = [p for p in inputs if not (root / p).exists()]
     present = [p for p in inputs if p not in missing]
@@ -305,7 +298,7 @@ def pull_stage_inputs(stage: str, cfg: Any, root: Path | str | None = None) -> d
         )
 
     def pull() -> dict[str, Any]:
-        from dvc.repo import Repo
+        from dvc.repo import Repo  # lazy: dvc
 
         with Repo(str(root), _wait_for_lock=True) as repo:
             targets = [str(root / p) for p in missing]  # absolute: DVC resolves targets against the cwd

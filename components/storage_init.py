@@ -39,7 +39,7 @@ def parse_s3_url(url: str) -> tuple[str, str]:
 
 
 def _client() -> Any:
-    import boto3
+    import boto3  # lazy: boto3
 
     return boto3.client("s3", endpoint_url=os.environ.get("AWS_ENDPOINT_URL") or None)
 
@@ -50,7 +50,7 @@ def _code(err: Exception) -> str:
 
 def ensure_bucket(bucket: str, create: bool) -> bool:
     """Make sure the bucket exists; returns whether it was created here."""
-    from botocore.exceptions import BotoCoreError, ClientError
+    from botocore.exceptions import BotoCoreError, ClientError  # lazy: botocore
 
     client = _client()
     try:
@@ -83,7 +83,7 @@ def ensure_bucket(bucket: str, create: bool) -> bool:
 
 def configure_remote(root: Path, name: str, url: str, default: bool) -> Path:
     """``remote "<name>"`` = url (and ``core.remote``) in ``.dvc/config.local``; returns that file."""
-    from dvc.repo import Repo
+    from dvc.repo import Repo  # lazy: dvc
 
     try:
         repo = Repo(str(root))
@@ -98,7 +98,7 @@ def configure_remote(root: Path, name: str, url: str, default: bool) -> Path:
 
 def probe_remote(root: Path, name: str) -> str:
     """Write, read back and remove a probe object through DVC's filesystem for the remote."""
-    from dvc.repo import Repo
+    from dvc.repo import Repo  # lazy: dvc
 
     repo = Repo(str(root))
     odb = repo.cloud.get_remote_odb(name)

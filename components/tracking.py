@@ -35,7 +35,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from components.ops.config import TrackingConfig
 
@@ -110,6 +110,16 @@ def _read_journal(path: Path) -> list[dict[str, Any]]:
             except json.JSONDecodeError:  # the last line of a killed process, cut short
                 break
     return entries
+
+
+class TrackedConfig(Protocol):
+    """What a stage's W&B run reads of the pipeline config (components.config.PipelineConfig, a floor above
+    this module): its ``tracking`` section, and the whole resolved config as the run's config."""
+
+    @property
+    def tracking(self) -> TrackingConfig: ...
+
+    def model_dump(self, *, mode: str) -> dict[str, Any]: ...
 
 
 class StageRun:
@@ -245,7 +255,7 @@ def _write_pending(run_dir: Path, pending: list[dict[str, Any]]) -> None:
 _PUBLISH_LOCK = threading.Lock()
 
 
-def publish_pending_references(cfg: Any, stage: str, run_dir: Path | str) -> int:
+def publish_pending_references(cfg: TrackedConfig, stage: str, run_dir: Path | str) -> int:
     """After the stage's push: log, into the stage's own W&B run (resumed), the output references whose
     remote objects exist now. Returns how many were logged; those still missing stay pending."""
     run_dir = Path(run_dir)
@@ -264,7 +274,7 @@ def publish_pending_references(cfg: Any, stage: str, run_dir: Path | str) -> int
 
 
 def _reference_artifact(name: str, uri: str, type: str, metadata: dict[str, Any] | None) -> Any:
-    import wandb
+    import wandb  # lazy: wandb
 
     artifact = wandb.Artifact(_artifact_name(name), type=type, metadata={"uri": uri, **(metadata or {})})
     artifact.add_reference(uri, name=name.rsplit("/", 1)[-1], checksum=False)
@@ -292,7 +302,9 @@ def _artifact_name(name: str) -> str:
 
 
 @contextmanager
-def stage_run(cfg: Any, stage: str, run_dir: Path | str, reinit: str | None = None) -> Iterator[StageRun]:
+def stage_run(
+    cfg: TrackedConfig | TrackingConfig, stage: str, run_dir: Path | str, reinit: str | None = None
+) -> Iterator[StageRun]:
     """One W&B run for one stage; resumes the run recorded in ``run_dir`` if there is one.
 
     ``cfg`` is the PipelineConfig (its ``tracking`` section is used; the whole resolved config becomes the
@@ -304,7 +316,7 @@ def stage_run(cfg: Any, stage: str, run_dir: Path | str, reinit: str | None = No
     if stage in _ACTIVE:
         yield _ACTIVE[stage]
         return
-    import wandb
+    import wandb  # lazy: wandb
 
     tracking = cfg if isinstance(cfg, TrackingConfig) else cfg.tracking
     mode = resolve_mode(tracking)

@@ -35,6 +35,7 @@ from components.config import PipelineConfig, load_config
 from components.dag import stage_io
 from components.errors import UserError
 from components.evaluation.adhoc import checkpoint_name, evaluate_into
+from components.evaluation.alerts import deliver_alert
 from components.evaluation.config import BenchmarkSpec
 from components.evaluation.gate import (
     GateRefused,
@@ -58,6 +59,8 @@ from components.evaluation.runner import (
     grader_version,
     sampling_settings,
 )
+from components.prompts import prompt_fingerprint
+from components.tracking import resolve_mode, stage_run
 
 log = logging.getLogger(__name__)
 
@@ -105,8 +108,6 @@ def nightly_benchmarks(cfg: PipelineConfig) -> list[BenchmarkSpec]:
 def planned_evaluation(cfg: PipelineConfig, ckpt: CheckpointSpec, digest: str) -> tuple[dict, dict]:
     """What an evaluation of ``ckpt`` will be compared on, known before it runs: the ``checkpoints`` entry
     (mode, prompt style, hash, samples and k per benchmark) and the settings, as the runner records them."""
-    from components.prompts import prompt_fingerprint
-
     current = {
         "mode": ckpt.mode,
         "prompt_style": ckpt.prompt_style,
@@ -151,9 +152,7 @@ def log_to_wandb(
 ) -> bool:
     """Log the night's metrics and verdict (offline unless a key is set); ``run.alert`` (Slack/email per
     the W&B project's settings) on a FAIL or WARN, only when W&B is online. Returns whether it alerted."""
-    import wandb
-
-    from components.tracking import resolve_mode, stage_run
+    import wandb  # lazy: wandb
 
     with stage_run(cfg, "nightly-eval", run_dir) as run:
         run.summary(
@@ -200,8 +199,6 @@ def preflight(
 def nightly_eval(profile: str = "tiny", checkpoint: str | None = None, baseline: str | None = None) -> Any:
     """Evaluate the promoted checkpoint and gate it; a regression ends the run in Failed (and alerts), a
     baseline of another checkpoint or other settings is refused (GateRefused) before evaluating."""
-    from components.evaluation.alerts import deliver_alert
-
     cfg, ckpt, baseline_file = preflight(profile, checkpoint, baseline)
     out_dir = Path(cfg.nightly.report_dir)
     result = _step(evaluate_promoted, cfg, ckpt, out_dir)

@@ -32,11 +32,21 @@ from prefect.runtime import flow_run
 from prefect.states import Completed
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from components.config import PipelineConfig
+from components.config import PipelineConfig, load_config
 from components.dag import ancestors, independent_stages, load_stages, stage_order
 from components.fingerprint import stage_fingerprint
 from components.reporting import stage_markdown, timing_markdown
-from flows.stage import RAN, RESTORED, UP_TO_DATE, _dvc, ensure_profile, execute_stage
+from components.training.memory import gpus_for
+from flows.stage import (
+    PARAMS_FILE,
+    RAN,
+    RESTORED,
+    UP_TO_DATE,
+    _dvc,
+    ensure_profile,
+    execute_stage,
+    lock_entries,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -128,8 +138,6 @@ def _run_stage(
     torch_threads: int | None,
     report: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    from components.config import load_config
-
     cfg = load_config()
     if gpu:
         from prefect.deployments import run_deployment
@@ -154,8 +162,6 @@ def gpu_stage_parameters(stage: str, profile: str) -> dict[str, Any]:
     """The npr-stage flow's parameters: the stage, the profile, this machine's params.yaml and its dvc.lock
     entries of the other stages (so the worker runs with the same params and can pull the inputs this
     machine produced; the run-cache entry it pushes then matches what this machine restores)."""
-    from flows.stage import PARAMS_FILE, lock_entries
-
     return {
         "stage": stage,
         "profile": profile,
@@ -164,12 +170,10 @@ def gpu_stage_parameters(stage: str, profile: str) -> dict[str, Any]:
     }
 
 
-def gpu_job_variables(stage: str, cfg: Any, pipeline_run_id: str) -> dict[str, Any]:
+def gpu_job_variables(stage: str, cfg: PipelineConfig, pipeline_run_id: str) -> dict[str, Any]:
     """The gpu pool job of a stage: as many GPUs as its own settings use (``memory.gpus_for``: 0 for a
     verl stage on a running Ray cluster, 1 for the torch-engine evaluate), and the commit this pipeline
     runs, which the worker checks out before running the stage (infra/gpu/checkout.sh)."""
-    from components.training.memory import gpus_for
-
     env = {"NPR_PIPELINE_RUN_ID": pipeline_run_id, **launching_commit()}
     return {"env": env, "gpu_count": gpus_for(stage, cfg)}
 

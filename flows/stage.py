@@ -22,11 +22,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import yaml
 from prefect import flow, get_run_logger
 
-from components.config import PARAMS_FILE, PipelineConfig, load_config, materialise_profile
+from components import storage
+from components.config import PARAMS_FILE, PipelineConfig, load_config, materialise_profile, validate_config
 from components.dag import load_stages, stage_io
 from components.env import THREADS_ENV
+from components.ops.launch import RAY_JOB_SPEC, load_spec
+from components.tracking import publish_pending_references
+from components.training.config import RLStageConfig
+from components.training.verl.ray_cluster import submit_stage_job
 
 log = logging.getLogger(__name__)
 
@@ -37,10 +43,6 @@ class StageFailed(RuntimeError):
 
 def adopt_params(text: str) -> PipelineConfig:
     """Validate ``text`` as params.yaml and write it here (the pipeline machine's, verbatim)."""
-    import yaml
-
-    from components.config import validate_config
-
     cfg = validate_config(yaml.safe_load(text), "params.yaml of the pipeline run")
     PARAMS_FILE.write_text(text)
     return cfg
@@ -140,8 +142,6 @@ def execute_stage(
     first so their outputs can be pulled here. A verl stage placed on a running Ray cluster
     (``verl.ray_address``) is submitted there instead and its outputs restored from the run-cache.
     """
-    from components import storage
-
     started = time.perf_counter()
     if upstream_lock:
         adopt_lock_entries(upstream_lock)
@@ -159,7 +159,7 @@ def execute_stage(
             )
         return stage_metrics(stage)
     if cfg.storage.pull_inputs:
-        storage.pull_stage_inputs(stage, cfg)
+        storage.pull_stage_inputs(stage, cfg.storage)
     pulled = time.perf_counter()
     # --wait-for-lock: another branch's `dvc repro` may hold the lock while it checks or records its stage
     cmd = [_dvc(), "--wait-for-lock", "repro", "--single-item", stage]
@@ -182,7 +182,7 @@ def execute_stage(
         raise StageFailed(f"stage {stage} failed (dvc repro exit {returncode}):\n" + "\n".join(tail))
     reproduced = time.perf_counter()
     if cfg.storage.push_after_stage:
-        storage.push_stage_outputs(stage, cfg)
+        storage.push_stage_outputs(stage, cfg.storage)
         publish_references(stage, cfg)
     # Where a stage task's time goes, beside the stage's own wall_time_s in its metrics.json.
     outcome = repro_outcome(stage, seen) or RAN
@@ -200,11 +200,9 @@ def execute_stage(
     return stage_metrics(stage)
 
 
-def publish_references(stage: str, cfg: Any) -> int:
+def publish_references(stage: str, cfg: PipelineConfig) -> int:
     """The stage's output references whose remote objects the push just created (a local remote's), into
     the stage's W&B run (``components.tracking.publish_pending_references``); a failure is a warning."""
-    from components.tracking import publish_pending_references
-
     try:
         work_dir = stage_io(stage).work_dir
         return publish_pending_references(cfg, stage, work_dir) if work_dir is not None else 0
@@ -254,7 +252,6 @@ def lock_entries(exclude: str | None = None, root: Path | None = None) -> dict[s
     lock = Path(root or ".") / "dvc.lock"
     if not lock.exists():
         return {}
-    import yaml
 
     stages = (yaml.safe_load(lock.read_text()) or {}).get("stages", {}) or {}
     return {name: entry for name, entry in stages.items() if name != exclude}
@@ -262,8 +259,6 @@ def lock_entries(exclude: str | None = None, root: Path | None = None) -> dict[s
 
 def adopt_lock_entries(entries: dict[str, Any], root: Path | None = None) -> None:
     """Write stage entries into dvc.lock (replacing those stages'), keeping the others."""
-    import yaml
-
     lock = Path(root or ".") / "dvc.lock"
     data = (yaml.safe_load(lock.read_text()) if lock.exists() else None) or {"schema": "2.0", "stages": {}}
     data.setdefault("stages", {}).update(entries)
@@ -274,18 +269,15 @@ def adopt_lock_entries(entries: dict[str, Any], root: Path | None = None) -> Non
 
 def on_ray_cluster(stage: str, cfg: PipelineConfig) -> bool:
     """A verl stage placed on a running Ray cluster (``verl.ray_address``)."""
-    section = getattr(cfg, stage, None)
-    return getattr(section, "backend", None) == "verl" and bool(section.verl.ray_address)
+    section = cfg.section(stage)
+    return isinstance(section, RLStageConfig) and section.backend == "verl" and bool(section.verl.ray_address)
 
 
 def submit_to_ray_cluster(
     stage: str, cfg: PipelineConfig, run_id: str, env: dict[str, str], timeout_s: float
 ) -> None:
     """Submit the stage to its Ray cluster as infra/ray/job.yaml describes and wait for it."""
-    from components.ops.launch import RAY_JOB_SPEC, load_spec
-    from components.training.verl.ray_cluster import submit_stage_job
-
-    address = getattr(cfg, stage).verl.ray_address
+    address = cfg.sections(RLStageConfig)[stage].verl.ray_address
     work = Path(cfg.run.artifacts_dir) / stage / "work"
     done = submit_stage_job(stage, load_spec(RAY_JOB_SPEC), run_id, address, work, env, timeout_s)
     if done.returncode != 0:
@@ -304,7 +296,7 @@ def stream_with_deadline(
     Prefect task timeout cannot interrupt a blocking read in a worker thread (where parallel stages run),
     and killing only `dvc` would leave the stage's own process running.
     """
-    import psutil
+    import psutil  # lazy: psutil
 
     tail: deque[str] = deque(maxlen=25)
     expired = threading.Event()

@@ -147,7 +147,7 @@ def read_rows(path: Path) -> list[Record]:
 
 def hub_rows(spec: BenchmarkSpec) -> list[Record]:
     """Rows of the benchmark's hub copy (``datasets.load_dataset``; online only)."""
-    from datasets import load_dataset
+    from datasets import load_dataset  # lazy: datasets
 
     ds = load_dataset(spec.hub.repo_id, spec.hub.config, split=spec.hub.split)
     return [dict(r) for r in ds]

@@ -23,6 +23,7 @@ from typing import Any
 
 from components.data import orz
 from components.data.benchmarks import BENCHMARKS, BenchmarkError, hub_rows, read_rows
+from components.data.config import SampleOrzConfig
 from components.data.sources import download_hf_dataset, download_url, hub_offline
 
 SMOKE_DIR = Path(__file__).parent / "smoke" / "benchmarks"
@@ -107,13 +108,13 @@ def write_smoke_benchmarks(dest: Path) -> dict[str, Any]:
     return summary.data
 
 
-def fetch_from_hub(cfg: Any, dest: Path) -> dict[str, Any]:
+def fetch_from_hub(sc: SampleOrzConfig, dest: Path) -> dict[str, Any]:
     """ORZ raw files and the benchmarks that have a hub copy; ConnectionError when offline."""
     if hub_offline():
         raise ConnectionError("the hub is unreachable (HF_HUB_OFFLINE=1); use `npr data fetch --from DIR`")
     summary = FetchSummary("hub", dest)
     with tempfile.TemporaryDirectory() as tmp:
-        _copy_orz(download_hf_dataset(cfg.sample_orz.hf_dataset, Path(tmp)), dest / "orz", summary)
+        _copy_orz(download_hf_dataset(sc.hf_dataset, Path(tmp)), dest / "orz", summary)
     for spec in BENCHMARKS.values():
         if spec.hub is None:
             summary.data["skipped"].append(
@@ -127,16 +128,16 @@ def fetch_from_hub(cfg: Any, dest: Path) -> dict[str, Any]:
     return summary.data
 
 
-def fetch_data(cfg: Any, dest: Path, source: Path | None = None) -> dict[str, Any]:
-    """Populate ``dest`` from ``source`` or from what ``cfg.sample_orz.source`` says; returns a summary."""
+def fetch_data(sc: SampleOrzConfig, dest: Path, source: Path | None = None) -> dict[str, Any]:
+    """Populate ``dest`` from ``source`` or from what the ``sample_orz`` section's ``source`` says; returns a
+    summary."""
     dest = Path(dest)
     if source is not None:
         return copy_from_dir(Path(source), dest)
-    sc = cfg.sample_orz
     if sc.source == "synthetic":
         return write_smoke_benchmarks(dest)
     if sc.source == "hf":
-        return fetch_from_hub(cfg, dest)
+        return fetch_from_hub(sc, dest)
     if sc.source == "url":
         if not sc.url:
             raise ValueError("sample_orz.source=url needs sample_orz.url")

@@ -30,14 +30,24 @@ fraction below the floor raises ``DataQualityError``.
 from __future__ import annotations
 
 import random
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from components.artifacts import write_json
 from components.data.problem_files import PROBLEM_KEYS, first_field, gold_of, problem_text, read_files
 from components.data.problems import content_id
-from components.data.quality import DataQualityError, QualityReport, QualityRules, validate_problems
+from components.data.quality import (
+    DataQualityError,
+    QualityReport,
+    QualityRules,
+    validate_problems,
+    write_audit,
+    write_escaped_jsonl,
+)
+from components.data.synthetic import expression_of
 
 SOURCE = "pr1_coldstart"
 SCHEMA = "parallel_r1"
@@ -61,8 +71,6 @@ def render_trajectory(record: Mapping[str, Any], paths: int, rng: random.Random)
     that states their common value, then ``Final Answer: <value>``. ``rng`` is kept for the call's symmetry
     with the other renderers; the rendering has one form (its paths differ only when sampled).
     """
-    from components.data.synthetic import expression_of
-
     if paths < 2:
         raise ValueError(f"a Parallel-R1 block needs at least 2 paths, got {paths}")
     expr = expression_of(record)
@@ -151,8 +159,6 @@ class ColdStartReport:
         return self.problems.rows_in
 
     def reconciliation(self) -> dict[str, Any]:
-        from collections import Counter
-
         rec = self.problems.reconciliation()
         reasons = Counter(r for row in self.rejected for r in row["reasons"])
         removed = len(self.problems.quarantined) + len(self.problems.duplicates) + len(self.rejected)
@@ -181,7 +187,7 @@ class ColdStartReport:
 
 def check_coldstart(rows: list[dict[str, Any]], rules: QualityRules, grading: Any) -> ColdStartReport:
     """The problem suite (``quality.validate_problems``), then the trajectory checks on what it kept."""
-    from components.grading.judge import judge_many
+    from components.grading.judge import judge_many  # lazy: torch
 
     problems = validate_problems(rows, rules)
     candidates: list[dict[str, Any]] = []
@@ -210,9 +216,6 @@ def check_coldstart(rows: list[dict[str, Any]], rules: QualityRules, grading: An
 def write_coldstart_audit(report: ColdStartReport, audit_dir: Path) -> dict[str, Any]:
     """The problem gate's audit (``quality.write_audit``) plus ``trajectory_rejected.jsonl``, and the
     reconciliation of both in ``reconciliation.json``."""
-    from components.artifacts import write_json
-    from components.data.quality import write_audit, write_escaped_jsonl
-
     write_audit(report.problems, audit_dir)
     write_escaped_jsonl(Path(audit_dir) / "trajectory_rejected.jsonl", report.rejected)
     rec = report.reconciliation()

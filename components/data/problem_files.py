@@ -93,7 +93,7 @@ def read_records(file: Path) -> list[Any]:
     """The records of one file, in order; ValueError naming the file (and line) when it cannot be read."""
     file = Path(file)
     if file.suffix == ".parquet":
-        import pandas as pd
+        import pandas as pd  # lazy: pandas
 
         return [{k: _plain(v) for k, v in row.items()} for row in pd.read_parquet(file).to_dict("records")]
     text = file.read_text(encoding="utf-8", errors="surrogateescape")

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from components.artifacts import write_json
+from components.data.config import SampleOrzConfig
 from components.data.problems import normalise_whitespace
 from components.errors import UserError
 
@@ -49,8 +51,8 @@ class QualityRules:
     min_kept_fraction: float
 
     @classmethod
-    def from_config(cls, cfg: Any) -> QualityRules:
-        """From a SampleOrzConfig (or anything with the same attributes)."""
+    def from_config(cls, cfg: SampleOrzConfig) -> QualityRules:
+        """From the ``sample_orz`` section (its quality thresholds)."""
         return cls(cfg.min_problem_chars, cfg.max_problem_chars, cfg.max_answer_chars, cfg.min_kept_fraction)
 
 
@@ -131,7 +133,7 @@ def value_type(row: dict[str, Any], field: str) -> str:
 def checked_frame(rows: list[dict[str, Any]]) -> Any:
     """The frame the suites see: id, whitespace-normalised problem and answer text (None unless text) and
     what type each field had."""
-    import pandas as pd
+    import pandas as pd  # lazy: pandas
 
     return pd.DataFrame(
         {
@@ -147,7 +149,7 @@ def checked_frame(rows: list[dict[str, Any]]) -> Any:
 
 def row_expectations(rules: QualityRules) -> list[tuple[str, Any]]:
     """(reason, GX expectation) for every per-row check."""
-    import great_expectations.expectations as gxe
+    import great_expectations.expectations as gxe  # lazy: great_expectations
 
     return [
         ("problem_missing", gxe.ExpectColumnValuesToNotBeInSet(column="problem_type", value_set=["missing"])),
@@ -192,7 +194,7 @@ def row_expectations(rules: QualityRules) -> list[tuple[str, Any]]:
 
 
 def uniqueness_expectations() -> list[tuple[str, Any]]:
-    import great_expectations.expectations as gxe
+    import great_expectations.expectations as gxe  # lazy: great_expectations
 
     return [
         ("duplicate_id", gxe.ExpectColumnValuesToBeUnique(column="id")),
@@ -204,8 +206,8 @@ class _Validator:
     """An ephemeral GX context with one pandas batch definition; validates frames against named suites."""
 
     def __init__(self) -> None:
-        import great_expectations as gx
-        from great_expectations.data_context.types.base import ProgressBarsConfig
+        import great_expectations as gx  # lazy: great_expectations
+        from great_expectations.data_context.types.base import ProgressBarsConfig  # lazy: great_expectations
 
         self._gx = gx
         self.context = gx.get_context(mode="ephemeral")
@@ -249,8 +251,8 @@ def _summary(suite: str, result: Any) -> list[dict[str, Any]]:
 
 def render_html(result: Any) -> str:
     """One validation result as a standalone HTML page (GX's data-docs renderer)."""
-    from great_expectations.render.renderer import ValidationResultsPageRenderer
-    from great_expectations.render.view import DefaultJinjaPageView
+    from great_expectations.render.renderer import ValidationResultsPageRenderer  # lazy: great_expectations
+    from great_expectations.render.view import DefaultJinjaPageView  # lazy: great_expectations
 
     return DefaultJinjaPageView().render(ValidationResultsPageRenderer().render(result))
 
@@ -327,8 +329,6 @@ def write_escaped_jsonl(path: Path, records: list[dict[str, Any]]) -> int:
 
 def write_audit(report: QualityReport, audit_dir: Path) -> dict[str, Any]:
     """quarantine.jsonl, duplicates.jsonl, reconciliation.json and gx_docs/*.html into ``audit_dir``."""
-    from components.artifacts import write_json
-
     audit_dir = Path(audit_dir)
     write_escaped_jsonl(audit_dir / "quarantine.jsonl", report.quarantined)
     write_escaped_jsonl(audit_dir / "duplicates.jsonl", report.duplicates)

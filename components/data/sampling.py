@@ -13,8 +13,8 @@ import hashlib
 import json
 import random
 from collections import Counter
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from components.artifacts import write_json, write_shards

@@ -44,7 +44,7 @@ def download_hf_dataset(repo_id: str, dest: Path) -> Path:
             f"the hub is offline (HF_HUB_OFFLINE=1); cannot fetch {repo_id}. "
             "Use sample_orz.source=local with `npr data fetch --from DIR`."
         )
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import snapshot_download  # lazy: huggingface_hub
 
     return Path(
         snapshot_download(repo_id=repo_id, repo_type="dataset", allow_patterns=["*.json"], local_dir=dest)

@@ -38,6 +38,6 @@ def generate(
         from components.engine.backends.sglang_client import generate_sglang
 
         return generate_sglang(tokenizer, prompts, cfg, tags, response_prefixes)
-    from components.engine.backends.torch_backend import generate_torch
+    from components.engine.backends.torch_backend import generate_torch  # lazy: transformers
 
     return generate_torch(model, tokenizer, prompts, cfg, tags, response_prefixes)

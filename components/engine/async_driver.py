@@ -29,8 +29,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from components.engine.config import GenerationConfig
 from components.engine.controller import (
     ControllerError,
+    DecodePolicy,
     Extension,
     ExtensionResult,
     SequenceController,
@@ -52,7 +54,7 @@ class SamplingSettings:
     top_k: int = -1
 
     @classmethod
-    def from_config(cls, cfg: Any) -> SamplingSettings:
+    def from_config(cls, cfg: GenerationConfig) -> SamplingSettings:
         return cls(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k)
 
 
@@ -223,13 +225,11 @@ async def drive_all(
 def controllers_for(
     tokenizer: Any,
     prompts: Sequence[str],
-    cfg: Any,
+    cfg: GenerationConfig,
     tags: Any | None,
     response_prefixes: Sequence[str] | None = None,
 ) -> list[SequenceController]:
     """One controller per rendered prompt, with the sequence seeds every backend derives the same way."""
-    from components.engine.controller import DecodePolicy
-
     policy = DecodePolicy.from_config(cfg, tokenizer, tags)
     encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731 - prompts are rendered
     return [
@@ -246,7 +246,7 @@ def controllers_for(
 async def generate_async(
     tokenizer: Any,
     prompts: Sequence[str],
-    cfg: Any,
+    cfg: GenerationConfig,
     tags: Any | None,
     generate: GenerateFn,
     response_prefixes: Sequence[str] | None = None,

@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from components.ops.launch import SGLANG_KEYS
 from components.settings import StrictModel
 
 
@@ -73,8 +74,6 @@ class GenerationConfig(StrictModel):
 
     @model_validator(mode="after")
     def _merge_mode_fits_backend(self) -> GenerationConfig:
-        from components.ops.launch import SGLANG_KEYS
-
         unknown = sorted(set(self.server_args) - (SGLANG_KEYS - {"model_path", "host", "port"}))
         if unknown:
             raise ValueError(

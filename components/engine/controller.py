@@ -47,6 +47,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from components.engine.config import GenerationConfig
 from components.engine.generation import BlockRecord, Generation
 from components.engine.ledger import TokenLedger, branch_allowances
 from components.engine.parallel import ForkPlan, ForkTags, plan_fork
@@ -152,7 +153,7 @@ class DecodePolicy:
             raise ValueError("a decode policy needs at least one end-of-turn id")
 
     @classmethod
-    def from_config(cls, cfg: Any, tokenizer: Any, tags: Any | None) -> DecodePolicy:
+    def from_config(cls, cfg: GenerationConfig, tokenizer: Any, tags: Any | None) -> DecodePolicy:
         """From a ``GenerationConfig``; ``tags`` is a ``TagIds`` / ``ForkTags`` (required in parallel mode)."""
         if cfg.mode == "parallel" and cfg.max_depth > 1:
             raise ValueError(

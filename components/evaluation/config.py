@@ -11,6 +11,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from components.dag import model_stages
 from components.engine.config import GenerationConfig
 from components.settings import StrictModel
 
@@ -61,14 +62,12 @@ def _every_model_stage() -> list[str]:
     """The default checkpoints: every stage that writes a model (``artifacts/<stage>/model`` in dvc.yaml), in
     the order the report lists them (a branch's SFT next to its RL). Read when a config leaves
     ``evaluate.checkpoints`` out (the profiles name theirs), so dvc.yaml stays the one list."""
-    from components.dag import model_stages
-
     return model_stages()
 
 
 def _model_stage_names() -> set[str]:
     """The stages that write a model, by their section's type (components.config; it imports this module)."""
-    from components.config import model_stages
+    from components.config import model_stages  # lazy: cycle
 
     return set(model_stages())
 

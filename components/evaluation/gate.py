@@ -26,16 +26,17 @@ import datetime as dt
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import yaml
+from pydantic import ValidationError
 
 from components.artifacts import read_json, write_json
 from components.errors import UserError
 from components.evaluation.bounds import bootstrap_interval, wilson_interval
 from components.evaluation.config import NightlyConfig
 from components.evaluation.metrics import per_problem_accuracy, per_problem_pass_at_k
-from components.settings import StrictModel
+from components.settings import ConfigError, StrictModel, load_yaml_text
 
 Verdict = Literal["pass", "warn", "fail"]
 
@@ -134,10 +135,6 @@ def baseline_path(cfg_nightly: NightlyConfig, profile: str, checkpoint: str) -> 
 
 
 def load_baseline(path: Path) -> Baseline:
-    from pydantic import ValidationError
-
-    from components.settings import ConfigError, load_yaml_text
-
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(
@@ -157,9 +154,20 @@ def load_baseline(path: Path) -> Baseline:
         raise BaselineError(f"baseline {path}: {where}") from None
 
 
+class RunProfile(Protocol):
+    """What a baseline records of the run's config (components.config.PipelineConfig, a floor above this
+    package): the profile and the nightly section."""
+
+    @property
+    def profile(self) -> str: ...
+
+    @property
+    def nightly(self) -> NightlyConfig: ...
+
+
 def write_baseline(
     eval_metrics: Mapping[str, Any],
-    cfg: Any,
+    cfg: RunProfile,
     path: Path | str,
     checkpoint: str | None = None,
     command: str | None = None,

@@ -60,10 +60,10 @@ def write_plot_data(eval_metrics: Mapping[str, Any], plots_dir: Path) -> dict[st
 
 def render_pngs(eval_metrics: Mapping[str, Any], out_dir: Path) -> dict[str, Path]:
     """Accuracy per benchmark per checkpoint (grouped bars) and achieved vs ideal speedup (paired bars)."""
-    import matplotlib
+    import matplotlib  # lazy: matplotlib
 
     matplotlib.use("Agg")  # headless: never needs a display
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: matplotlib
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

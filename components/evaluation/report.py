@@ -9,6 +9,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from components.settings import ConfigError
+from components.tracking import TrackedConfig, stage_run
+
 log = logging.getLogger(__name__)
 
 
@@ -134,7 +137,7 @@ def _merge_line(merge: Mapping[str, Any] | None) -> list[str]:
         "exact: the decode samples what the policy was trained on"
         if merge["exact"]
         else "NOT exact: the decode re-reads merges the policy was trained to see isolated, so post-merge "
-        "tokens come from another context (docs/architecture.md, \"Merge semantics\")"
+        'tokens come from another context (docs/architecture.md, "Merge semantics")'
     )
     return [f"Merge: semantics {merge['semantics']}, decoded with {merge['mode']} ({how})."]
 
@@ -158,8 +161,6 @@ def _engine_settings_line(checkpoints: Mapping[str, Any]) -> list[str]:
 def read_scale_note(path: str | None) -> str | None:
     """The profile's note on what its run can show (``evaluate.scale_note``), or None when unset; a named
     file that is missing or empty is a config error (the report would silently lose its caveats)."""
-    from components.settings import ConfigError
-
     if path is None:
         return None
     note = Path(path)
@@ -226,7 +227,7 @@ def render_report(eval_metrics: Mapping[str, Any], title: str, images: Sequence[
 def in_prefect_run() -> bool:
     """True inside a Prefect flow or task run (where artifacts can be created)."""
     try:
-        from prefect.context import FlowRunContext, TaskRunContext
+        from prefect.context import FlowRunContext, TaskRunContext  # lazy: prefect
     except ImportError:  # prefect is a dependency; a trimmed install just skips publishing
         return False
     return FlowRunContext.get() is not None or TaskRunContext.get() is not None
@@ -236,7 +237,7 @@ def publish_prefect(markdown: str, key: str, description: str) -> bool:
     """Create a Prefect markdown artifact when running inside a flow run; returns whether it did."""
     if not in_prefect_run():
         return False
-    from prefect.artifacts import create_markdown_artifact
+    from prefect.artifacts import create_markdown_artifact  # lazy: prefect
 
     # Prefect artifact keys allow lowercase letters, digits and dashes only.
     safe_key = "".join(ch if ch.isalnum() else "-" for ch in key.lower()).strip("-")
@@ -263,13 +264,11 @@ def flat_metrics(eval_metrics: Mapping[str, Any]) -> dict[str, float]:
 
 
 def publish_wandb(
-    cfg: Any, job: str, run_dir: Path, eval_metrics: Mapping[str, Any], images: Mapping[str, Path]
+    cfg: TrackedConfig, job: str, run_dir: Path, eval_metrics: Mapping[str, Any], images: Mapping[str, Path]
 ) -> str | None:
     """Log the evaluation to W&B (``components.tracking``; offline unless a key is configured): every scalar
     in the run summary, the Table-2 table as a W&B table, the plots as images. Returns the run id."""
-    import wandb
-
-    from components.tracking import stage_run
+    import wandb  # lazy: wandb
 
     benches = benchmark_names(eval_metrics, smoke=False)
     table = wandb.Table(columns=["checkpoint", "mode", *benches, "average"])

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import json
 import logging
 import tempfile
 import time
@@ -30,6 +31,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from components.artifacts import read_jsonl, write_jsonl, write_shards
+from components.data.benchmarks import SPLIT_BENCHMARKS, load_benchmark
+from components.engine import GenerationConfig, generate
+from components.engine.generation import exact_semantics
 from components.evaluation.config import BenchmarkSpec, EvaluateConfig
 from components.evaluation.metrics import (
     achieved_speedup,
@@ -37,6 +41,11 @@ from components.evaluation.metrics import (
     summarize_records,
     tokens_per_second,
 )
+from components.grading.judge import judge_many
+from components.ops.sglang_server import check_context_length, context_length_for
+from components.progress import track
+from components.prompts import prompt_fingerprint, render_prompt
+from components.structure import TagIds, TagTokenError, parse_ids, parse_text, trace_metrics
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +114,6 @@ def generation_config(
     checkpoint's extra engine settings (validated as GenerationConfig fields)."""
     if not engine_settings:
         return ecfg.generation.model_copy(update={"mode": mode})
-    from components.engine import GenerationConfig
 
     return GenerationConfig.model_validate({**ecfg.generation.model_dump(), **engine_settings, "mode": mode})
 
@@ -114,8 +122,6 @@ def sampling_settings(ecfg: EvaluateConfig, merge_semantics: str) -> dict[str, A
     """The settings the numbers depend on (pinned in baseline files): the engine's sampling, and the merge
     semantics the checkpoints were trained in (the pipeline's ``merge_semantics``) beside the
     ``merge_mode`` they are decoded with, so an evaluation never mixes semantics with its baseline."""
-    from components.engine import GenerationConfig
-
     keys = [k for k in GenerationConfig.model_fields if k not in DEPLOYMENT_SETTINGS]
     return {**{k: getattr(ecfg.generation, k) for k in keys}, "merge_semantics": merge_semantics}
 
@@ -123,8 +129,6 @@ def sampling_settings(ecfg: EvaluateConfig, merge_semantics: str) -> dict[str, A
 def merge_settings(merge_semantics: str, merge_mode: str) -> dict[str, Any]:
     """The merge of an evaluation: the trained semantics, the decode's mode, and whether that decode samples
     the trained semantics exactly (``components.engine.generation.exact_semantics``)."""
-    from components.engine.generation import exact_semantics
-
     return {
         "semantics": merge_semantics,
         "mode": merge_mode,
@@ -146,8 +150,6 @@ def engine_version(ecfg: EvaluateConfig) -> dict[str, str]:
 def grader_version(grading: Any) -> dict[str, str]:
     """What grades an evaluation: the math-verify release and a fingerprint of the evaluation's grading
     settings (answer extraction, numeric tolerance, timeout). Pinned in a baseline, like the sampling."""
-    import json
-
     try:
         verifier = version("math-verify")
     except PackageNotFoundError:
@@ -177,8 +179,6 @@ def checkpoint_hash(model_dir: Path | str) -> str:
 
 def needs_problems_dir(specs: Sequence[BenchmarkSpec]) -> bool:
     """Whether a benchmark is a split of `sample_orz` (read from its problems directory)."""
-    from components.data.benchmarks import SPLIT_BENCHMARKS
-
     return any(s.name in SPLIT_BENCHMARKS for s in specs)
 
 
@@ -186,8 +186,6 @@ def load_benchmark_problems(
     spec: BenchmarkSpec, ecfg: EvaluateConfig, problems_dir: Path | None
 ) -> list[dict[str, Any]]:
     """Problems ``{id, benchmark, problem, answers}`` of a benchmark (``components.data.benchmarks``)."""
-    from components.data.benchmarks import load_benchmark
-
     problems = load_benchmark(spec.name, ecfg.benchmark_dir, spec.max_problems, problems_dir)
     if not problems:
         raise ValueError(f"benchmark {spec.name!r} has no problems")
@@ -197,8 +195,6 @@ def load_benchmark_problems(
 def _decode(
     model: Any, tokenizer: Any, tags: Any, prompts: list[str], gen_cfg: Any
 ) -> tuple[list[Any], float]:
-    from components.engine import generate
-
     start = time.perf_counter()
     generations = generate(model, tokenizer, prompts, gen_cfg, tags)
     return generations, time.perf_counter() - start
@@ -206,8 +202,6 @@ def _decode(
 
 def _structure(generation: Any, tags: Any, schema_name: str) -> dict[str, Any]:
     """Parallel flags, branches and critical path of one response, by the structure module's definition."""
-    from components.structure import parse_ids, parse_text, trace_metrics
-
     if tags is not None:
         tm = trace_metrics(parse_ids(generation.token_ids, tags))
         critical = tm.critical_tokens
@@ -268,8 +262,6 @@ def evaluate_benchmarks(
     (``decode_groups``) share its wall time in proportion to the tokens each generated, so each reports the
     call's throughput and the seconds add up to the call's.
     """
-    from components.prompts import render_prompt
-
     ecfg: EvaluateConfig = cfg.evaluate
     out: dict[str, tuple[list[dict[str, Any]], float]] = {}
     sizes = {spec.name: len(problems[spec.name]) for spec in specs}
@@ -318,8 +310,6 @@ def _records(
     schema: str | None = None,
 ) -> list[dict[str, Any]]:
     """Grade one benchmark's generations into per-sample records."""
-    from components.grading.judge import judge_many
-
     schema = schema or cfg.schema_name
     golds = [list(p["answers"]) for p in problems for _ in range(spec.n_samples)]
     judgements = judge_many(
@@ -362,8 +352,6 @@ def _records(
 
 
 def _tags_for(tokenizer: Any, schema_name: str, mode: Mode) -> Any:
-    from components.structure import TagIds, TagTokenError
-
     try:
         return TagIds.from_tokenizer(tokenizer, schema_name)
     except TagTokenError as err:
@@ -431,8 +419,6 @@ def measure_speedup(
     critical-path tokens of the parallel traces (Amdahl); ``efficiency`` = achieved / ideal. Returns the
     summary and both modes' generations (in prompt order); ``progress`` advances by one per batch.
     """
-    from components.prompts import render_prompt
-
     ecfg: EvaluateConfig = cfg.evaluate
     if not problems:
         raise ValueError("no problems for the speedup decode (evaluate.speedup)")
@@ -492,9 +478,7 @@ def check_served_context(
 ) -> int:
     """Before any work: the longest prompt of every checkpoint + ``max_new_tokens`` must fit the server's
     context length; returns the longest prompt's tokens."""
-    from components.models.loading import load_tokenizer
-    from components.ops.sglang_server import check_context_length, context_length_for
-    from components.prompts import render_prompt
+    from components.models.loading import load_tokenizer  # lazy: transformers
 
     gen = cfg.evaluate.generation
     longest = 0
@@ -519,7 +503,6 @@ def _load_finished(
     d = _finished_dir(work_dir, ckpt)
     if d is None or not (d / "metrics.json").is_file():
         return None
-    import json
 
     metrics = json.loads((d / "metrics.json").read_text())
     if metrics.get("checkpoint_hash") != digest or metrics.get("mode") != ckpt.mode:
@@ -540,7 +523,6 @@ def _keep_finished(
     d = _finished_dir(work_dir, ckpt)
     if d is None:
         return
-    import json
 
     d.mkdir(parents=True, exist_ok=True)
     write_jsonl(d / "records.jsonl", [r for recs in records.values() for r in recs])
@@ -564,8 +546,6 @@ def evaluate_checkpoints(
     writes its log); None keeps nothing. ``preloaded``: problems of benchmarks that are not registered
     names (a user's file, ``npr eval --benchmarks file.jsonl``), by benchmark name.
     """
-    from components.prompts import prompt_fingerprint
-
     ecfg: EvaluateConfig = cfg.evaluate
     if not checkpoints:
         raise ValueError("no checkpoints to evaluate")
@@ -594,17 +574,13 @@ def evaluate_checkpoints(
     served = ecfg.generation.backend == "sglang"
     if served:
         check_served_context(cfg, checkpoints, benchmarks, problems)
-    from components.progress import track
 
     groups = len(decode_groups(benchmarks, {s.name: len(problems[s.name]) for s in benchmarks},
                                ecfg.generation.batch_size))  # fmt: skip
     # a parallel checkpoint's speedup decode: one progress unit per batch (both modes)
     n_speedup = len(speedup_problems(problems, benchmarks, ecfg))
     speedup_batches = -(-n_speedup // (ecfg.speedup.batch_size or ecfg.generation.batch_size))
-    units = {
-        c.name: groups + (speedup_batches if _times_speedup(ecfg, c) else 0)
-        for c in checkpoints
-    }
+    units = {c.name: groups + (speedup_batches if _times_speedup(ecfg, c) else 0) for c in checkpoints}
     with track("evaluate", total=sum(units.values()), unit="decode batches") as progress:
         for ckpt in checkpoints:
             _evaluate_one(
@@ -628,7 +604,7 @@ def _evaluate_one(
     """One checkpoint on every benchmark (and, parallel, its speedup decode) into ``result``; a checkpoint
     finished by an earlier run is read back from ``work_dir`` instead (its ``units`` decode batches are then
     counted done at once)."""
-    from components.models.loading import load_model, load_tokenizer
+    from components.models.loading import load_model, load_tokenizer  # lazy: transformers
 
     ecfg: EvaluateConfig = cfg.evaluate
     digest = checkpoint_hash(ckpt.path)
@@ -718,7 +694,6 @@ def _decode_checkpoint(
     decoded = evaluate_benchmarks(*args, ckpt.mode, ckpt.prompt_style, progress, **how)
     if not _times_speedup(cfg.evaluate, ckpt):
         return decoded, None
-    from components.prompts import render_prompt
 
     chosen = speedup_problems(problems, benchmarks, cfg.evaluate)
     if progress is not None:

@@ -14,12 +14,15 @@ Used by the corpus test (``tests/integration/grading/test_grading_corpus.py``) a
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from components.grading.config import GradingConfig
+from components.grading.equivalence import grade_many_verdicts
+from components.grading.normalize import gold_candidates
 
 CORPUS_DIR = Path(__file__).resolve().parents[2] / "tests" / "data" / "grading"
 SPLITS = {"tune": "corpus.jsonl", "heldout": "heldout.jsonl", "blind": "blind.jsonl"}
@@ -64,9 +67,8 @@ def load_cases(split: str = "tune", directory: Path | None = None) -> list[Case]
 def our_verdicts(cases: Sequence[Case], cfg: GradingConfig | None = None) -> list[bool]:
     """Our grader's verdict on every case, graded in one batch (answers through ``npr grade``'s reading,
     responses through ``judge_many`` with the ``evaluation`` settings and the case's finish reason)."""
-    from components.grading.cli_ops import answer_of
-    from components.grading.equivalence import grade_many_verdicts
-    from components.grading.judge import judge_many
+    from components.grading.cli_ops import answer_of  # lazy: torch
+    from components.grading.judge import judge_many  # lazy: torch
 
     cfg = cfg or GradingConfig()
     out: list[bool | None] = [None] * len(cases)
@@ -93,11 +95,7 @@ def our_verdicts(cases: Sequence[Case], cfg: GradingConfig | None = None) -> lis
 def math_verify_verdicts(cases: Sequence[Case], timeout_s: int = 5) -> list[bool]:
     """Plain math-verify with its default settings: ``verify(parse(gold), parse(pred))``, any-of over list
     golds. Must run in the main thread (math-verify's timeouts use SIGALRM)."""
-    import logging
-
-    from math_verify import parse, verify
-
-    from components.grading.normalize import gold_candidates
+    from math_verify import parse, verify  # lazy: math_verify
 
     logging.getLogger("math_verify").setLevel(logging.ERROR)
     out = []

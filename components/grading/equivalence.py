@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
+from components.grading.answers import _extract
 from components.grading.config import GradingConfig
 from components.grading.normalize import (
     answer_label,
@@ -319,8 +320,6 @@ def answers_equal(pred: str | None, gold: Any, cfg: GradingConfig | None = None)
 
 def clear_caches() -> None:
     """Forget cached verdicts and normalisations (tests and benchmarks measure cold paths with it)."""
-    from components.grading.answers import _extract
-
     _VERDICT_CACHE.clear()
     normalize_answer.cache_clear()
     clean_answer.cache_clear()

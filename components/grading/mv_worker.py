@@ -13,6 +13,7 @@ functions it submits.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 from typing import Any
 
@@ -47,7 +48,7 @@ def as_boxed(answer: str) -> str:
 
 def verify_pair(gold: str, pred: str, timeout_s: float) -> PairResult:
     """math-verify's ``verify(parse(gold), parse(pred))`` (that order: verify is asymmetric)."""
-    from math_verify import parse, verify
+    from math_verify import parse, verify  # lazy: math_verify
 
     signal.signal(signal.SIGALRM, _on_alarm)
     signal.setitimer(signal.ITIMER_REAL, timeout_s)
@@ -76,6 +77,4 @@ def verify_chunk(pairs: list[tuple[str, str]], timeout_s: float) -> list[PairRes
 
 def worker_pid() -> int:
     """The worker's process id (used to wait for the pool to be up, and by the crash-recovery test)."""
-    import os
-
     return os.getpid()

@@ -28,6 +28,8 @@ from fractions import Fraction
 from functools import lru_cache
 from typing import Any
 
+from components.grading.answers import extract_answer
+
 # Math delimiters around the whole answer.
 _DELIMITERS = (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
 # Wrappers whose content is the answer when they span the whole string.
@@ -422,7 +424,6 @@ def _answer_in_gold_text(text: str) -> str:
     labelled = _ANSWER_WORD.search(text) is not None
     if not (boxed or labelled or len(text) >= 80):
         return text
-    from components.grading.answers import extract_answer  # answers imports config only; no cycle
 
     found = extract_answer(text, ["answer_line"] if (labelled or len(text) >= 80) else [])
     return found if found else text

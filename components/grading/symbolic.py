@@ -31,6 +31,7 @@ either side does not parse.
 
 from __future__ import annotations
 
+import math
 import random
 import re
 from typing import Any
@@ -88,13 +89,13 @@ def _plain_source(text: str) -> str | None:
 
 
 def _parse_plain(text: str) -> Any:
-    import sympy
+    import sympy  # lazy: sympy
     from sympy.parsing.sympy_parser import (
         convert_xor,
         implicit_multiplication_application,
         parse_expr,
         standard_transformations,
-    )
+    )  # lazy: sympy
 
     source = _plain_source(text)
     if source is None:
@@ -144,9 +145,7 @@ def _parse_plain(text: str) -> Any:
 
 def _digits(expr: Any) -> float:
     """An upper bound on the decimal digits of the numbers an unevaluated expression would compute."""
-    import math
-
-    import sympy
+    import sympy  # lazy: sympy
 
     if isinstance(expr, sympy.Pow):
         base, exponent = _digits(expr.base), _magnitude(expr.exp)
@@ -160,7 +159,7 @@ def _digits(expr: Any) -> float:
 
 def _magnitude(expr: Any) -> float:
     """An upper bound on the absolute value of an unevaluated exponent (1 for a symbolic one)."""
-    import sympy
+    import sympy  # lazy: sympy
 
     if isinstance(expr, sympy.Number):
         return abs(float(expr)) if abs(expr) < 10**300 else float("inf")
@@ -178,7 +177,7 @@ def _magnitude(expr: Any) -> float:
 
 
 def _parse_latex(text: str) -> Any:
-    from latex2sympy2_extended import latex2sympy
+    from latex2sympy2_extended import latex2sympy  # lazy: latex2sympy2_extended
 
     return latex2sympy(text)
 
@@ -186,7 +185,7 @@ def _parse_latex(text: str) -> Any:
 def parse_expression(text: str) -> Any:
     """A sympy expression for one answer (LaTeX or plain notation) under the module's assumptions, or None
     when the fallback refuses it (see the module docstring)."""
-    import sympy
+    import sympy  # lazy: sympy
 
     text = text.strip()
     if not text or len(text) > MAX_CHARS or _NOT_AN_EXPRESSION.search(text):
@@ -213,7 +212,7 @@ def parse_expression(text: str) -> Any:
 
 def _differs_somewhere(diff: Any) -> bool:
     """True when the difference is visibly non-zero at a few random real points (a cheap refusal)."""
-    import sympy
+    import sympy  # lazy: sympy
 
     symbols = sorted(diff.free_symbols, key=lambda s: s.name)
     rng = random.Random(0)  # fixed points: the same pair always gets the same verdict
@@ -233,7 +232,7 @@ def _differs_somewhere(diff: Any) -> bool:
 def symbolic_equal(gold: str, pred: str) -> bool | None:
     """True when ``gold`` and ``pred`` simplify to the same expression; False when they provably differ or
     simplification cannot show it; None when the fallback refuses the pair (see the module docstring)."""
-    import sympy
+    import sympy  # lazy: sympy
 
     a, b = parse_expression(gold), parse_expression(pred)
     if a is None or b is None:

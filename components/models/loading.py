@@ -9,6 +9,7 @@ SGLang and verl all load.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -115,8 +116,6 @@ def save_model(
 def _record_saved_dtype(path: Path, state_dict: dict[str, Any]) -> None:
     """config.json names the dtype of the tensors written, not of the module that wrote them (an FSDP
     mixed-precision run holds fp32 masters and writes its bf16 weights; save_pretrained says float32)."""
-    import json
-
     dtypes = {v.dtype for v in state_dict.values() if isinstance(v, torch.Tensor) and v.is_floating_point()}
     if len(dtypes) != 1:
         return

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from components.structure import get_schema
 from components.structure.errors import TagTokenError
 
 # Pad token choices, in order: Qwen tokenizers ship an unused `<|fim_pad|>` (NPR's SFT pads with it);
@@ -64,8 +65,6 @@ def add_tag_tokens(
 
     Returns ``{tag: token_id}`` for every tag of the schema.
     """
-    from components.structure import get_schema
-
     tags = list(get_schema(schema_name).tags)
     missing = [tag for tag in tags if single_token_id(tokenizer, tag) is None]
     subtoken_ids = {tag: tag_name_subtoken_ids(tokenizer, tag) for tag in missing}

@@ -28,7 +28,9 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
+from components.data import synthetic
 from components.models.config import TinyArchitecture
+from components.structure import get_schema
 
 PAD_TOKEN = "<pad>"
 IM_START = "<|im_start|>"
@@ -61,8 +63,6 @@ TEST_WORLD_ARCH = TinyArchitecture(
 
 def schema_tags(schema_name: str) -> list[str]:
     """The tag strings of a structure schema, in the schema's order."""
-    from components.structure import get_schema
-
     return list(get_schema(schema_name).tags)
 
 
@@ -174,8 +174,6 @@ def synthetic_corpus(n: int, seed: int, parallel_fraction: float = 0.5) -> list[
     Uses ``components.data.synthetic`` (the data engineer's generator and renderer), so the tokenizer's
     merges follow exactly the text the tiny model will be trained and evaluated on.
     """
-    from components.data import synthetic
-
     rng = random.Random(seed)
     texts: list[str] = []
     for record in synthetic.generate_problems(n, seed, None):

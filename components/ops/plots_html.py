@@ -56,7 +56,7 @@ _PAGE = """<!DOCTYPE html>
 
 
 def bundle_versions() -> str:
-    import vl_convert
+    import vl_convert  # lazy: vl_convert
 
     return (
         f"vl-convert {getattr(vl_convert, '__version__', '?')}; vega {vl_convert.get_vega_version()}; "
@@ -66,7 +66,7 @@ def bundle_versions() -> str:
 
 def render_template() -> str:
     """The page: the bundled libraries inline, then DVC's ``{plot_divs}``; no external resource."""
-    import vl_convert
+    import vl_convert  # lazy: vl_convert
 
     bundle = vl_convert.javascript_bundle(_SNIPPET, vl_version=VEGA_LITE_VERSION)
     # A literal "</script" inside the inline code would end the tag early; DVC fills "{name}" placeholders.

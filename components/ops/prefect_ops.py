@@ -31,6 +31,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from components.env import record_server, running_server_url, server_file
 from components.ops.config import OrchestrationConfig
 
 PREFECT_FILE = "prefect.yaml"
@@ -62,16 +63,6 @@ def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {**os.environ, **{k: v for k, v in QUIET_ENV.items() if k not in os.environ}}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     return {**env, **(extra or {})}
-
-
-def load_orchestration(root: Path | None = None) -> OrchestrationConfig:
-    """The orchestration section of params.yaml, or its defaults when there is no params.yaml yet."""
-    params = (root or Path(".")) / "params.yaml"
-    if not params.exists():
-        return OrchestrationConfig()
-    from components.config import load_config
-
-    return load_config(params).orchestration
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -163,7 +154,7 @@ def launch_worker(
 
 def process_pool_template() -> dict[str, Any]:
     """Prefect's own base job template of a process pool."""
-    from prefect.workers.process import ProcessWorker
+    from prefect.workers.process import ProcessWorker  # lazy: prefect
 
     return ProcessWorker.get_default_base_job_template()
 
@@ -191,10 +182,10 @@ def gpu_pool_template() -> dict[str, Any]:
 
 def ensure_work_pools(cfg: OrchestrationConfig, url: str) -> dict[str, str]:
     """Create (or update the templates of) the cpu and gpu work pools; returns {pool: action}."""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.actions import WorkPoolCreate, WorkPoolUpdate
-    from prefect.exceptions import ObjectNotFound
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.client.orchestration import get_client  # lazy: prefect
+    from prefect.client.schemas.actions import WorkPoolCreate, WorkPoolUpdate  # lazy: prefect
+    from prefect.exceptions import ObjectNotFound  # lazy: prefect
+    from prefect.settings import PREFECT_API_URL, temporary_settings  # lazy: prefect
 
     wanted = {cfg.cpu_pool: process_pool_template(), cfg.gpu_pool: gpu_pool_template()}
     actions: dict[str, str] = {}
@@ -254,8 +245,11 @@ def _raise_stop(signum: int, _frame: Any) -> None:
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-def start_server(host: str = "127.0.0.1", port: int = 4200, register: bool = True) -> None:
+def start_server(
+    cfg: OrchestrationConfig, host: str = "127.0.0.1", port: int = 4200, register: bool = True
+) -> None:
     """Start the server, wait until healthy, register pools and deployments, stay up until stopped.
+    ``cfg``: the checkout's orchestration section (``components.config.load_orchestration``).
 
     The server runs in its own process group (so stopping it stops uvicorn and what it spawned); Ctrl-C
     (SIGINT), SIGTERM (``kill``, systemd, a container stop) and SIGHUP (the terminal closed) all stop that
@@ -263,10 +257,7 @@ def start_server(host: str = "127.0.0.1", port: int = 4200, register: bool = Tru
     is healthy its API URL is recorded in PREFECT_HOME (``components.env.record_server``), so flows started
     by hand with the same PREFECT_HOME use it instead of a second writer on its database.
     """
-    from components.env import record_server, server_file
-
     root = Path.cwd()
-    cfg = load_orchestration(root)
     url = api_url(host, port)
     previous = {sig: signal.signal(sig, _raise_stop) for sig in STOP_SIGNALS}
     proc = launch_server(host, port)
@@ -295,19 +286,16 @@ def start_server(host: str = "127.0.0.1", port: int = 4200, register: bool = Tru
             signal.signal(sig, handler)
 
 
-def start_worker(pool: str) -> int:
-    """Run a ``prefect worker`` for ``pool`` until it exits or a signal stops it; returns its exit code
-    (0 when a signal stopped it).
+def start_worker(pool: str, cfg: OrchestrationConfig) -> int:
+    """Run a ``prefect worker`` for ``pool`` (one of ``cfg``'s pools) until it exits or a signal stops it;
+    returns its exit code (0 when a signal stopped it).
 
     The worker runs in its own process group, like the server: SIGINT (Ctrl-C), SIGTERM and SIGHUP to
     `npr worker` stop that group (SIGINT first, which the worker handles by shutting down, then SIGTERM,
     then SIGKILL; flow runs it started are in the group too). Its API: PREFECT_API_URL, else the running
     `npr server` recorded in PREFECT_HOME, else 127.0.0.1:4200.
     """
-    from components.env import running_server_url
-
     root = Path.cwd().resolve()
-    cfg = load_orchestration(root)
     if pool not in (cfg.cpu_pool, cfg.gpu_pool):
         raise PrefectOpsError(
             f"unknown pool {pool!r}; this project's pools are {cfg.cpu_pool!r} and {cfg.gpu_pool!r}"

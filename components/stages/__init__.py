@@ -18,13 +18,18 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from components import reporting, storage
 from components.artifacts import prepare_work_dir, write_json
 from components.config import PipelineConfig
 from components.dag import StageIO, stage_io
 from components.env import torch_threads
 from components.envlock import environment
 from components.fingerprint import work_fingerprint
+from components.ops.plots_html import ensure_offline_template
 from components.prompts import prompt_fingerprint
+from components.tracking import stage_run
 from components.training.distributed import is_main_process
 from components.training.memory import check_before_run
 
@@ -44,8 +49,6 @@ def stage_module(name: str) -> Any:
 
 def apply_run_settings(cfg: PipelineConfig) -> int:
     """Torch threads (run.torch_threads, or the pipeline flow's share) and the seed; returns the threads."""
-    import torch
-
     threads = torch_threads(cfg.run.torch_threads)
     torch.set_num_threads(threads)
     torch.manual_seed(cfg.run.seed)
@@ -54,8 +57,6 @@ def apply_run_settings(cfg: PipelineConfig) -> int:
 
 def run_stage(name: str, cfg: PipelineConfig, io: StageIO | None = None) -> dict[str, Any]:
     """Run one stage, write its metrics.json, flat metrics and plot rows; returns the metrics."""
-    from components.tracking import stage_run
-
     io = io or stage_io(name)
     module = stage_module(name)
     # a stage whose memory plan cannot fit its GPU fails here, naming the setting, before any work
@@ -93,9 +94,6 @@ def run_stage(name: str, cfg: PipelineConfig, io: StageIO | None = None) -> dict
 
 def write_reports(name: str, io: StageIO, metrics: dict[str, Any], own_plots: bool = False) -> None:
     """metrics.json, the flat DVC metrics and (unless the stage drew its own) its training curves."""
-    from components import reporting
-    from components.ops.plots_html import ensure_offline_template
-
     if io.metrics is not None:
         write_json(io.metrics, metrics)
     if io.summary is not None:
@@ -113,8 +111,6 @@ def publish_stage(tracker: Any, name: str, cfg: PipelineConfig, io: StageIO, met
     """The stage's W&B run gets its flat metrics and rejection categories (summary) and references to the
     inputs it consumed and the outputs it produced. A reference that cannot be resolved is logged as a
     warning: the stage's results stand."""
-    from components import reporting
-
     try:
         tracker.summary(reporting.wandb_summary(name, metrics, io.work_dir))
     except ValueError as err:  # too many rejection categories: free text in a reason (a bug to fix)
@@ -127,8 +123,6 @@ def publish_stage(tracker: Any, name: str, cfg: PipelineConfig, io: StageIO, met
 
 
 def _reference(tracker: Any, key: str, path: Path, cfg: PipelineConfig, consumed: bool) -> None:
-    from components import storage
-
     try:
         entry = None
         if consumed:  # under `dvc repro` an input is the upstream output dvc.lock recorded
@@ -139,7 +133,7 @@ def _reference(tracker: Any, key: str, path: Path, cfg: PipelineConfig, consumed
             if not Path(path).exists():
                 return
             entry = storage.dvc_md5(path)
-        uri = storage.content_uri(entry["md5"], cfg)
+        uri = storage.content_uri(entry["md5"], cfg.storage)
         kind = "model" if Path(path).name == "model" else "dataset"
         meta = {"dvc_path": str(path), **{k: entry[k] for k in ("md5", "size", "nfiles") if k in entry}}
         if consumed:

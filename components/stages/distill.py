@@ -31,7 +31,11 @@ from components.artifacts import (
 from components.config import PipelineConfig
 from components.dag import StageIO
 from components.data.acceptance import accepted_problem_prefix
+from components.engine import generate
+from components.grading.judge import judge_many
+from components.progress import track
 from components.prompts import render_prompt
+from components.structure import TagIds
 
 WORK_DIR_NAME = "work"
 log = logging.getLogger(__name__)
@@ -93,10 +97,6 @@ def _decode_chunks(
 ) -> DecodeStats:
     """Decode and grade every chunk not already in ``work``, in order, until ``distill.target_accepted``
     problems have an accepted trajectory (the reject_filter rule) or the problems run out."""
-    from components.engine import generate
-    from components.grading.judge import judge_many
-    from components.progress import track
-
     dcfg = cfg.distill
     per_chunk = max(1, gen_cfg.batch_size // dcfg.k)
     n_chunks = math.ceil(len(problems) / per_chunk)
@@ -168,8 +168,7 @@ def longest_prompt_tokens(tokenizer: Any, problems: list[dict[str, Any]], prompt
 
 
 def run(cfg: PipelineConfig, io: StageIO) -> dict[str, Any]:
-    from components.models.loading import load_model, load_tokenizer
-    from components.structure import TagIds
+    from components.models.loading import load_model, load_tokenizer  # lazy: transformers
 
     dcfg = cfg.distill
     gen_cfg = dcfg.generation

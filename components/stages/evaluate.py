@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from components.config import PipelineConfig
 from components.dag import StageIO
 from components.evaluation.outputs import EvalOutputs, write_evaluation
 from components.evaluation.plots import ACCURACY_PNG, SPEEDUP_PNG
@@ -34,7 +35,7 @@ def stage_outputs(io: StageIO) -> EvalOutputs:
     return EvalOutputs(records_dir=io.output("records"), report_dir=io.output("report"), plots_dir=io.plots)
 
 
-def run(cfg: Any, io: StageIO) -> dict[str, Any]:
+def run(cfg: PipelineConfig, io: StageIO) -> dict[str, Any]:
     ecfg = cfg.evaluate
     # the committed seed spread (evaluate.seed_spread; its directory a dep in dvc.yaml), read first: a
     # malformed file fails the stage before the decode, not after it

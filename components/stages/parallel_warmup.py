@@ -17,7 +17,11 @@ from typing import Any
 from components.artifacts import atomic_dir, read_shards, write_jsonl
 from components.config import PipelineConfig
 from components.dag import StageIO
+from components.models.tags import add_tag_tokens
+from components.structure import TagIds
 from components.training.config import SFTStageConfig
+from components.training.distributed import DistContext, full_model_state
+from components.training.sft_data import prepare_examples
 
 # Printed in the metrics so a reader sees how few rejections are listed there (all are in the file).
 REJECTION_EXAMPLES_IN_METRICS = 5
@@ -38,13 +42,9 @@ def train_warmup(
 ) -> dict[str, Any]:
     """SFT ``<init_from>/model`` on trajectory ``records`` (``{problem, response, ...}``) of ``schema_name``
     per ``section`` (its mode and prompt style): the body of the warmups and of ``pr1_coldstart``."""
-    from components.models.loading import load_model, resolve_device, save_model
-    from components.models.tags import add_tag_tokens
-    from components.structure import TagIds
-    from components.training.distributed import DistContext, full_model_state
-    from components.training.sft import EpochSource, SFTSettings
-    from components.training.sft_data import prepare_examples
-    from components.training.sft_run import train_sft_in_stage_run
+    from components.models.loading import load_model, resolve_device, save_model  # lazy: transformers
+    from components.training.sft import EpochSource, SFTSettings  # lazy: transformers
+    from components.training.sft_run import train_sft_in_stage_run  # lazy: transformers
 
     ctx = DistContext.from_env(resolve_device(cfg.run))
     model, tokenizer = load_model(

@@ -29,6 +29,7 @@ from components.dag import StageIO
 from components.data.acceptance import filter_trajectories
 from components.engine.config import RejectFilterConfig
 from components.errors import UserError
+from components.progress import track
 
 
 class QualityGateError(UserError, RuntimeError):
@@ -50,10 +51,10 @@ def validate_accepted(
     accepted: list[dict[str, Any]], rates: dict[str, float], cfg: RejectFilterConfig
 ) -> dict[str, Any]:
     """Run the Great Expectations suite on the accepted set; returns a JSON-ready report."""
-    import great_expectations as gx
-    import great_expectations.expectations as gxe
-    import pandas as pd
-    from great_expectations.data_context.types.base import ProgressBarsConfig
+    import great_expectations as gx  # lazy: great_expectations
+    import great_expectations.expectations as gxe  # lazy: great_expectations
+    import pandas as pd  # lazy: pandas
+    from great_expectations.data_context.types.base import ProgressBarsConfig  # lazy: great_expectations
 
     context = gx.get_context(mode="ephemeral")
     context.variables.progress_bars = ProgressBarsConfig(globally=False)
@@ -125,8 +126,6 @@ def validate_accepted(
 
 
 def run(cfg: PipelineConfig, io: StageIO) -> dict[str, Any]:
-    from components.progress import track
-
     fcfg = cfg.reject_filter
     with track("reject_filter: reading trajectories", total=3, unit="phases", eta=False) as progress:
         records = read_shards(io.input("distill/trajectories"))

@@ -22,6 +22,8 @@ from typing import Any
 from components.artifacts import atomic_dir
 from components.config import PipelineConfig
 from components.dag import StageIO
+from components.data.problems import load_tuning_split
+from components.training.tiny_seed import CARD_JSON, measure, read_card, train_seed, verify_checksums
 
 TINY = "tiny"
 
@@ -32,7 +34,7 @@ def run(cfg: PipelineConfig, io: StageIO) -> dict[str, Any]:
     else:
         model, tokenizer, metrics = materialise_base_model(cfg)
     with atomic_dir(io.output("model")) as tmp:
-        from components.models.loading import save_model
+        from components.models.loading import save_model  # lazy: transformers
 
         save_model(model, tokenizer, tmp)
     if cfg.seed.eval_n > 0:
@@ -42,8 +44,7 @@ def run(cfg: PipelineConfig, io: StageIO) -> dict[str, Any]:
 
 def materialise_base_model(cfg: PipelineConfig) -> tuple[Any, Any, dict[str, Any]]:
     """Load ``models.base_model`` (hub id or local dir; local dirs with ``SHA256SUMS`` are verified)."""
-    from components.models.loading import is_local_model_dir, load_model
-    from components.training.tiny_seed import CARD_JSON, read_card, verify_checksums
+    from components.models.loading import is_local_model_dir, load_model  # lazy: transformers
 
     source = cfg.models.base_model
     metrics: dict[str, Any] = {"base_model": source}
@@ -66,8 +67,6 @@ def materialise_base_model(cfg: PipelineConfig) -> tuple[Any, Any, dict[str, Any
 
 def build_tiny_seed(cfg: PipelineConfig, io: StageIO) -> tuple[Any, Any, dict[str, Any]]:
     """The committed checkpoint's build (``tiny_seed.train_seed``), resumable in the stage's work dir."""
-    from components.training.tiny_seed import train_seed
-
     work = Path(io.output("model")).parent / "work"
     steps = cfg.seed.steps if cfg.seed.enabled else 0
     model, tokenizer, result = train_seed(cfg, work, total_steps=steps, stage=io.stage)
@@ -84,9 +83,6 @@ def build_tiny_seed(cfg: PipelineConfig, io: StageIO) -> tuple[Any, Any, dict[st
 
 def evaluate_seed(model: Any, tokenizer: Any, problems_dir: Path, cfg: PipelineConfig) -> dict[str, Any]:
     """Sample one response per held-out problem (sequential engine) and grade it."""
-    from components.data.problems import load_tuning_split
-    from components.training.tiny_seed import measure
-
     split, problems = load_tuning_split(problems_dir)
     chosen = problems[: cfg.seed.eval_n]
     if not chosen:

@@ -24,6 +24,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from components.training.precision import LOW_PRECISION
+from components.training.token_logprobs import register_fsdp_method
+
 
 @dataclass(frozen=True)
 class DistContext:
@@ -99,9 +102,6 @@ def shard_model(model: torch.nn.Module, ctx: DistContext) -> torch.nn.Module:
     if not ctx.active:
         return model
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-    from components.training.precision import LOW_PRECISION
-    from components.training.token_logprobs import register_fsdp_method
 
     layers = getattr(getattr(model, "model", None), "layers", None)
     if layers is None:

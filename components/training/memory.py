@@ -34,11 +34,17 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
+
+import torch
+import yaml
+from pydantic import BaseModel
 
 from components.engine.config import DistillConfig
 from components.evaluation.config import EvaluateConfig
-from components.models.config import SeedConfig
+from components.models.config import ModelsConfig, SeedConfig
+from components.ops.config import GpuSpec, OrchestrationConfig
+from components.structure.merge import MergeSemantics
 from components.training.config import RLStageConfig, SFTStageConfig
 from components.training.token_logprobs import DEFAULT_CHUNK_TOKENS
 
@@ -47,17 +53,47 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 DEFAULT_SGLANG_SPEC = "infra/sglang/server.yaml"
 
 
+class RunSettings(Protocol):
+    """The ``run`` settings a plan reads."""
+
+    @property
+    def dtype(self) -> str: ...
+
+    @property
+    def device(self) -> str: ...
+
+
+class PlanConfig(Protocol):
+    """What a memory plan reads of the pipeline's config. That is components.config.PipelineConfig, which
+    sits a floor above this package (it assembles this package's sections), so it is named here by what a
+    plan uses: the stage's own section (``section``), the run's dtype and device, the model, the merge
+    semantics, the declared GPU and NPR-Zero's prompt bound (distill's and evaluate's)."""
+
+    @property
+    def run(self) -> RunSettings: ...
+
+    @property
+    def models(self) -> ModelsConfig: ...
+
+    @property
+    def merge_semantics(self) -> MergeSemantics: ...
+
+    @property
+    def orchestration(self) -> OrchestrationConfig: ...
+
+    @property
+    def npr_zero(self) -> RLStageConfig: ...
+
+    def section(self, stage: str) -> BaseModel | None: ...
+
+
 # A stage's plan follows its section's type (components.config's stage table), not a list of names: the
-# section is looked up once and dispatched on.
-def _section(cfg: Any, stage: str) -> Any:
-    return getattr(cfg, stage, None)
-
-
-def _uses_verl(section: Any) -> bool:
+# section is looked up once (``cfg.section``) and dispatched on.
+def _uses_verl(section: BaseModel | None) -> bool:
     return isinstance(section, RLStageConfig) and section.backend == "verl"
 
 
-def _serves_with_sglang(section: Any) -> bool:
+def _serves_with_sglang(section: BaseModel | None) -> bool:
     return isinstance(section, (DistillConfig, EvaluateConfig)) and section.generation.backend == "sglang"
 
 
@@ -129,7 +165,7 @@ class ModelShape:
         )
 
 
-def model_shape(cfg: Any, model_dir: str | Path | None = None) -> ModelShape:
+def model_shape(cfg: PlanConfig, model_dir: str | Path | None = None) -> ModelShape:
     """The shape of the model a stage loads: ``model_dir``'s config.json when it exists, else the profile's
     ``models.architecture`` (a hub model) or ``models.tiny`` (vocabulary at its upper bound, padded)."""
     if model_dir is not None and (Path(model_dir) / "config.json").exists():
@@ -262,19 +298,18 @@ class PhasePlan:
         return f"{self.total_bytes / GIB:.1f} GiB per GPU ({parts or 'all terms < 0.05 GiB'})"
 
 
-def capacity_bytes(gpu: Any) -> int:
+def capacity_bytes(gpu: GpuSpec) -> int:
     """Usable bytes of one GPU of ``orchestration.gpu`` (total minus the reserve)."""
     return int((gpu.memory_gib - gpu.reserved_gib) * GIB)
 
 
-def compute_dtype_bytes(cfg: Any) -> int:
+def compute_dtype_bytes(cfg: PlanConfig) -> int:
     return DTYPE_BYTES[cfg.run.dtype]
 
 
-def prompt_bound(cfg: Any, stage: str = "npr_zero") -> int:
-    """Tokens a prompt of ``stage`` may have: an RL stage's own ``verl.max_prompt_length`` (verl refuses
+def prompt_bound(cfg: PlanConfig, section: BaseModel | None = None) -> int:
+    """Tokens a prompt of a stage may have: an RL stage's own ``verl.max_prompt_length`` (verl refuses
     longer ones), else NPR-Zero's (distillation and evaluation prompt the same way)."""
-    section = _section(cfg, stage)
     section = section if isinstance(section, RLStageConfig) else cfg.npr_zero
     return section.verl.max_prompt_length
 
@@ -324,25 +359,26 @@ def engine_terms(
     ]
 
 
-def reread_tokens(cfg: Any, section: Any, response_tokens: int) -> int:
-    """Tokens a ``reread`` layout may add to a parallel sequence: the re-read copies of branches 2..k,
-    at most the response itself (``components.structure.merge``); 0 under ``isolated`` or sequentially."""
+def reread_tokens(
+    merge: MergeSemantics, section: RLStageConfig | SFTStageConfig, response_tokens: int
+) -> int:
+    """Tokens a ``reread`` layout (``merge_semantics``) may add to a parallel sequence: the re-read copies
+    of branches 2..k, at most the response itself (``components.structure.merge``); 0 under ``isolated``
+    or sequentially."""
     parallel = getattr(section, "engine_mode", getattr(section, "mode", "sequential")) == "parallel"
-    return response_tokens if parallel and getattr(cfg, "merge_semantics", "isolated") == "reread" else 0
+    return response_tokens if parallel and merge == "reread" else 0
 
 
-def _sft_plan(stage: str, cfg: Any, shape: ModelShape) -> PhasePlan:
+def _sft_plan(stage: str, sc: SeedConfig | SFTStageConfig, cfg: PlanConfig, shape: ModelShape) -> PhasePlan:
     w = compute_dtype_bytes(cfg)
-    if stage == "seed":
-        sc = cfg.seed
+    if isinstance(sc, SeedConfig):
         nproc, rows, seq_len = 1, math.ceil(sc.batch_size / max(1, sc.length_splits)), sc.max_length
         checkpointing, masked = False, sc.batch_size > 1
     else:
-        sc = getattr(cfg, stage)
         nproc = sc.nproc_per_node
         per_rank = max(1, sc.batch_size // nproc)
         rows, seq_len = math.ceil(per_rank / sc.length_splits), sc.max_length
-        seq_len += reread_tokens(cfg, sc, sc.max_length)
+        seq_len += reread_tokens(cfg.merge_semantics, sc, sc.max_length)
         checkpointing, masked = sc.gradient_checkpointing, sc.mode == "parallel" or rows > 1
     terms = training_state_terms(shape, w, nproc)
     terms = [Term(t.name, t.bytes, f"{stage}.{t.setting}" if stage != "seed" else "") for t in terms]
@@ -356,10 +392,9 @@ def _sft_plan(stage: str, cfg: Any, shape: ModelShape) -> PhasePlan:
     )
 
 
-def _local_rl_plans(stage: str, cfg: Any, shape: ModelShape) -> list[PhasePlan]:
-    sc = getattr(cfg, stage)
+def _local_rl_plans(stage: str, sc: RLStageConfig, cfg: PlanConfig, shape: ModelShape) -> list[PhasePlan]:
     w = compute_dtype_bytes(cfg)
-    prompt = prompt_bound(cfg, stage)
+    prompt = prompt_bound(cfg, sc)
     state = training_state_terms(shape, w)
     gen_rows = (sc.gen_batch_prompts or sc.prompts_per_step) * sc.group_size
     rollout = PhasePlan(
@@ -369,11 +404,12 @@ def _local_rl_plans(stage: str, cfg: Any, shape: ModelShape) -> list[PhasePlan]:
         state + engine_terms(shape, gen_rows, prompt, sc.max_new_tokens, w, stage),
         [f"{gen_rows} sequences of up to {prompt} + {sc.max_new_tokens} tokens"],
     )
+    response = sc.max_new_tokens + 1
     mini = math.ceil(sc.prompts_per_step * sc.group_size / sc.mini_batches)
     rows = min(sc.micro_batch_size or mini, mini)
     fwd = ForwardShape(
         rows=rows,
-        seq_len=prompt + sc.max_new_tokens + 1 + reread_tokens(cfg, sc, sc.max_new_tokens + 1),
+        seq_len=response + prompt + reread_tokens(cfg.merge_semantics, sc, response),
         masked=True,
         scored=rows * (sc.max_new_tokens + 1),
     )
@@ -387,13 +423,14 @@ def _local_rl_plans(stage: str, cfg: Any, shape: ModelShape) -> list[PhasePlan]:
     return [rollout, update]
 
 
-def _verl_plans(stage: str, cfg: Any, shape: ModelShape, gpu: Any) -> list[PhasePlan]:
-    sc = getattr(cfg, stage)
+def _verl_plans(
+    stage: str, sc: RLStageConfig, cfg: PlanConfig, shape: ModelShape, gpu: GpuSpec
+) -> list[PhasePlan]:
     v = sc.verl
     n = v.nnodes * v.n_gpus_per_node
     p = shape.params
     # the NPR actor under reread runs on laid-out rows: up to one response longer than verl packed them
-    seq = v.max_prompt_length + sc.max_new_tokens + reread_tokens(cfg, sc, sc.max_new_tokens)
+    seq = v.max_prompt_length + sc.max_new_tokens + reread_tokens(cfg.merge_semantics, sc, sc.max_new_tokens)
     knob = f"{stage}.verl"
     # actor update (FSDP over every GPU): fp32 shards on the GPU unless offloaded to the host
     state = []
@@ -456,14 +493,13 @@ def _verl_plans(stage: str, cfg: Any, shape: ModelShape, gpu: Any) -> list[Phase
 
 def sglang_spec(generation: Any) -> dict[str, Any]:
     """The SGLang server spec a decode stage launches (engine-controller: ``generation.server_spec``)."""
-    import yaml
-
     path = Path(getattr(generation, "server_spec", DEFAULT_SGLANG_SPEC))
     return yaml.safe_load(path.read_text()) if path.exists() else {}
 
 
-def _decode_plans(stage: str, cfg: Any, shape: ModelShape, gpu: Any) -> list[PhasePlan]:
-    section = getattr(cfg, stage)
+def _decode_plans(
+    stage: str, section: DistillConfig | EvaluateConfig, cfg: PlanConfig, shape: ModelShape, gpu: GpuSpec
+) -> list[PhasePlan]:
     gen = section.generation
     w = compute_dtype_bytes(cfg)
     prompt = prompt_bound(cfg)
@@ -505,42 +541,44 @@ def _decode_plans(stage: str, cfg: Any, shape: ModelShape, gpu: Any) -> list[Pha
     ]
 
 
-def plan_stage(stage: str, cfg: Any, model_dir: str | Path | None = None, gpu: Any = None) -> list[PhasePlan]:
+def plan_stage(
+    stage: str, cfg: PlanConfig, model_dir: str | Path | None = None, gpu: GpuSpec | None = None
+) -> list[PhasePlan]:
     """The memory plan of ``stage`` (empty when the stage uses no GPU: data stages, or a CPU profile's)."""
     gpu = gpu or cfg.orchestration.gpu
     shape = model_shape(cfg, model_dir)
-    section = _section(cfg, stage)
+    section = cfg.section(stage)
     if isinstance(section, SeedConfig):
         trains = cfg.models.base_model == "tiny" and section.enabled and section.steps > 0
-        return [_sft_plan(stage, cfg, shape)] if trains and uses_gpu(cfg) else []
+        return [_sft_plan(stage, section, cfg, shape)] if trains and uses_gpu(cfg) else []
     if isinstance(section, SFTStageConfig):
-        return [_sft_plan(stage, cfg, shape)] if uses_gpu(cfg) else []
+        return [_sft_plan(stage, section, cfg, shape)] if uses_gpu(cfg) else []
     if isinstance(section, RLStageConfig):
-        sc = section
-        if sc.backend == "verl":
+        if section.backend == "verl":
             # verl on the CPU platform (tiny) holds no device memory to plan
-            return [] if sc.verl.device == "cpu" else _verl_plans(stage, cfg, shape, gpu)
-        return _local_rl_plans(stage, cfg, shape) if uses_gpu(cfg) else []
+            return [] if section.verl.device == "cpu" else _verl_plans(stage, section, cfg, shape, gpu)
+        return _local_rl_plans(stage, section, cfg, shape) if uses_gpu(cfg) else []
     if isinstance(section, (DistillConfig, EvaluateConfig)):
         gen = section.generation
-        return _decode_plans(stage, cfg, shape, gpu) if gen.backend == "sglang" or uses_gpu(cfg) else []
+        use = gen.backend == "sglang" or uses_gpu(cfg)
+        return _decode_plans(stage, section, cfg, shape, gpu) if use else []
     return []
 
 
-def gpus_for(stage: str, cfg: Any) -> int:
+def gpus_for(stage: str, cfg: PlanConfig) -> int:
     """GPUs the stage's own job needs (what the gpu pool is asked for): 0 for data stages, a CPU profile's
     stages, a hub seed (it only materialises the model), a verl stage on the CPU platform and a verl stage
     attached to a running Ray cluster (the cluster has the GPUs); a verl stage that starts its own Ray head
     needs its node's GPUs."""
-    section = _section(cfg, stage)
-    if _uses_verl(section):
+    section = cfg.section(stage)
+    if isinstance(section, RLStageConfig) and section.backend == "verl":
         v = section.verl
         return 0 if v.ray_address or v.device == "cpu" else v.n_gpus_per_node
     plans = plan_stage(stage, cfg)
     return max((p.gpus for p in plans), default=0)
 
 
-def uses_gpu(cfg: Any) -> bool:
+def uses_gpu(cfg: PlanConfig) -> bool:
     """Whether the profile's local torch work runs on CUDA (``run.device``; ``auto`` counts as CUDA)."""
     return cfg.run.device in ("cuda", "auto")
 
@@ -562,7 +600,7 @@ def problems(plans: list[PhasePlan], capacity: int, gpu_name: str) -> list[str]:
 
 
 def check_stage(
-    stage: str, cfg: Any, model_dir: str | Path | None = None, device: Any = None
+    stage: str, cfg: PlanConfig, model_dir: str | Path | None = None, device: Any = None
 ) -> list[PhasePlan]:
     """Raise ``MemoryPlanError`` (naming the setting) when ``stage`` cannot fit; returns its plan.
 
@@ -573,8 +611,6 @@ def check_stage(
     capacity = capacity_bytes(gpu)
     name = gpu.name
     if device is not None:
-        import torch
-
         props = torch.cuda.get_device_properties(device)
         capacity = int(props.total_memory - gpu.reserved_gib * GIB)
         name = props.name
@@ -585,25 +621,24 @@ def check_stage(
     return plans
 
 
-def init_model_dir(stage: str, cfg: Any, io: Any) -> Path | None:
-    """The model directory ``stage`` starts from (``<init_from>/model``), when it has one and it exists."""
-    init = getattr(getattr(cfg, stage, None), "init_from", None)
+def init_model_dir(section: BaseModel | None, io: Any) -> Path | None:
+    """The model directory a stage starts from (its section's ``<init_from>/model``), when it has one and it
+    exists."""
+    init = getattr(section, "init_from", None)
     if init is None:
         return None
     path = io.inputs.get(f"{init}/model")
     return path if path is not None and Path(path).is_dir() else None
 
 
-def check_before_run(stage: str, cfg: Any, io: Any) -> None:
+def check_before_run(stage: str, cfg: PlanConfig, io: Any) -> None:
     """What a stage calls before any work (``components.stages.run_stage``): its plan against the GPU it
     got (a local CUDA run) or the declared ones (verl and SGLang stages, whose GPUs are a cluster's)."""
-    import torch
-
-    section = _section(cfg, stage)
+    section = cfg.section(stage)
     external = _uses_verl(section) or _serves_with_sglang(section)
     device = None
     if not external:
         if not uses_gpu(cfg) or not torch.cuda.is_available():
             return  # CPU work: no device memory to plan (the tiny profile)
         device = torch.device("cuda", torch.cuda.current_device())
-    check_stage(stage, cfg, init_model_dir(stage, cfg, io), device)
+    check_stage(stage, cfg, init_model_dir(section, io), device)

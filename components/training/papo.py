@@ -42,6 +42,8 @@ from verl.trainer.ppo.core_algos import (
 )
 from verl.utils import torch_functional as verl_F
 
+from components.structure import parse_ids
+
 PAPO_NAME = "papo"
 
 
@@ -166,8 +168,6 @@ def post_merge_mask(input_ids: Sequence[int] | Any, tags: Any, start: int) -> np
     blocks with two or more steps count. Raises ``StructureError`` for a malformed response, as the mask
     builder does (filter first).
     """
-    from components.structure import parse_ids
-
     ids = np.asarray(input_ids.tolist() if hasattr(input_ids, "tolist") else input_ids, dtype=np.int64)
     trace = parse_ids(ids, tags, start=start, strict=True, check_content=False)
     out = np.zeros(int(ids.size) - start, dtype=bool)

@@ -47,6 +47,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from components.artifacts import atomic_dir
+from components.data.problems import load_problems, load_tuning_split
 from components.engine import GenerationConfig, generate
 from components.engine.generation import exact_semantics
 from components.grading.judge import judge_many, summarize
@@ -54,6 +56,7 @@ from components.grading.rewards import score_many
 from components.progress import track
 from components.prompts import render_prompt
 from components.structure import TagIds, parse_text, trace_metrics
+from components.tracking import stage_run
 from components.training.checkpoint import TrainingState, latest_checkpoint, load_checkpoint, save_checkpoint
 from components.training.dapo import DynamicSampler, DynamicSamplingStats, overlong_penalty
 from components.training.papo import post_merge_is_weights, post_merge_mask
@@ -327,7 +330,9 @@ class RLTrainer:
             with torch.no_grad():
                 for k, micros in enumerate(micro_of):
                     for m, idx in enumerate(micros):
-                        batch = build_policy_batch([rollouts[i] for i in idx], self.pad_id, parallel_tags, self.merge)
+                        batch = build_policy_batch(
+                            [rollouts[i] for i in idx], self.pad_id, parallel_tags, self.merge
+                        )
                         with compute_autocast(self.cfg.run.autocast, device):
                             old_log_probs[k, m], _ = response_log_probs(
                                 self.model, batch.to(device), self.sc.temperature
@@ -348,7 +353,9 @@ class RLTrainer:
             self.optimizer.zero_grad(set_to_none=True)
             sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, entropy, clipfrac, kl
             for m, idx in enumerate(micros):
-                batch = build_policy_batch([rollouts[i] for i in idx], self.pad_id, parallel_tags, self.merge).to(device)
+                batch = build_policy_batch(
+                    [rollouts[i] for i in idx], self.pad_id, parallel_tags, self.merge
+                ).to(device)
                 with compute_autocast(self.cfg.run.autocast, device):  # the policy forward's compute dtype
                     log_prob, entropy = response_log_probs(
                         self.model, batch, self.sc.temperature, with_entropy=True
@@ -676,10 +683,7 @@ def run_rl_stage(
     ``load_tuning_split``); writes ``model`` atomically; checkpoints and the step log live in
     ``artifacts/<stage>/work``. ``stage_cfg`` / ``schema`` / ``generation``: see ``RLTrainer``.
     """
-    from components.artifacts import atomic_dir
-    from components.data.problems import load_problems, load_tuning_split
-    from components.models.loading import load_model, save_model
-    from components.tracking import stage_run
+    from components.models.loading import load_model, save_model  # lazy: transformers
 
     sc = stage_cfg if stage_cfg is not None else getattr(cfg, stage)
     init_dir = io.input(f"{sc.init_from}/model")
@@ -687,7 +691,7 @@ def run_rl_stage(
     out_dir = io.output("model")
     work_dir = Path(out_dir).parent / "work"
     if sc.backend == "verl":
-        from components.training.verl.stage import run_verl_stage
+        from components.training.verl.stage import run_verl_stage  # lazy: ray
 
         return run_verl_stage(stage, cfg, init_dir, problems_dir, out_dir, work_dir, train_problems)
     model, tokenizer = load_model(init_dir, cfg.models, cfg.run, for_training=True)

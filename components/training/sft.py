@@ -47,6 +47,7 @@ from components.progress import track
 from components.structure import MergeSemantics
 from components.training.batching import length_sorted_splits
 from components.training.checkpoint import TrainingState, latest_checkpoint, load_checkpoint, save_checkpoint
+from components.training.config import SFTStageConfig
 from components.training.distributed import DistContext, shard_model
 from components.training.precision import build_adamw, compute_autocast, stepped_parameters
 from components.training.sft_data import Mode, SFTBatch, SFTExample, collate
@@ -95,7 +96,11 @@ class SFTSettings:
 
     @classmethod
     def from_stage_config(
-        cls, cfg: Any, n_examples: int, autocast: str | None = None, merge: MergeSemantics = "isolated"
+        cls,
+        cfg: SFTStageConfig,
+        n_examples: int,
+        autocast: str | None = None,
+        merge: MergeSemantics = "isolated",
     ) -> SFTSettings:
         """Settings of a ``parallel_warmup``/``sequential_warmup`` section for ``n_examples`` examples
         (``autocast``: the run's ``run.autocast``; ``merge``: the pipeline's ``merge_semantics``).

@@ -25,7 +25,15 @@ from typing import Any, Literal
 import torch
 
 from components.prompts import render_prompt
-from components.structure import MergeSemantics, lay_out, prediction_sources
+from components.structure import (
+    MergeSemantics,
+    StructureError,
+    TagIds,
+    lay_out,
+    normalize_layout_result,
+    parallel_segments,
+    prediction_sources,
+)
 
 Mode = Literal["parallel", "sequential"]
 END_OF_TURN = "<|im_end|>"
@@ -132,8 +140,6 @@ def prepare_examples(
     normaliser changed). Reasons: ``missing_field``, ``over_length`` (> ``max_length`` tokens), and, in
     parallel mode, ``structure:<code>`` (the mask builder raised ``StructureError``).
     """
-    from components.structure import StructureError, TagIds, normalize_layout_result
-
     tags = TagIds.from_tokenizer(tokenizer, schema_name) if mode == "parallel" else None
     prepared = PreparedData(examples=[], n_records=len(records))
     for index, record in enumerate(records):
@@ -166,8 +172,6 @@ def prepare_examples(
 
 def check_parallel_structure(example: SFTExample, tags: Any) -> None:
     """Raise ``StructureError`` when the response cannot be given a parallel mask (O(L), no dense mask)."""
-    from components.structure import parallel_segments
-
     parallel_segments(example.input_ids, tags, start=example.n_prompt)
 
 
@@ -182,7 +186,11 @@ def parents_from_mask(mask: torch.Tensor) -> torch.Tensor:
 
 
 def collate(
-    examples: Sequence[SFTExample], mode: Mode, pad_id: int, tags: Any = None, merge: MergeSemantics = "isolated"
+    examples: Sequence[SFTExample],
+    mode: Mode,
+    pad_id: int,
+    tags: Any = None,
+    merge: MergeSemantics = "isolated",
 ) -> SFTBatch:
     """Right-pad ``examples`` into an ``SFTBatch`` (parallel mode builds the 4D bool mask and positions
     under the merge semantics ``merge``; under ``reread`` the rows hold loss-free re-read copies, so a

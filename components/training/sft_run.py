@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from components.tracking import stage_run, step_logger
 from components.training.checkpoint import checkpoint_step, latest_checkpoint
 from components.training.distributed import DistContext
 from components.training.sft import SFTResult, SFTSettings, StepSource, train_sft
@@ -31,8 +32,6 @@ def train_sft_in_stage_run(
 ) -> SFTResult:
     """Run (or resume) ``train_sft`` in ``work`` (metrics to ``work/train_metrics.json``) inside one W&B run
     per stage, resumed with the stage; the run's summary gets the numeric fields of ``SFTResult.summary``."""
-    from components.tracking import stage_run, step_logger
-
     ctx = ctx or DistContext()
     with stage_run(cfg, stage, work) if ctx.is_main else nullcontext() as tracker:
         if tracker is not None:  # W&B continues after the checkpoint train_sft resumes from

@@ -32,6 +32,7 @@ import json
 import logging
 import platform
 import random
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -40,6 +41,13 @@ from typing import Any
 import torch
 
 from components.artifacts import atomic_dir, write_json
+from components.data import synthetic
+from components.data.synthetic import DIFFICULTIES, PARTITION_MODULUS, PARTITION_OF_BUCKET, Expression
+from components.engine import generate
+from components.engine.config import GenerationConfig
+from components.grading.judge import judge_many
+from components.prompts import chat_messages, render_prompt
+from components.training.sft_data import encode_example
 
 log = logging.getLogger(__name__)
 
@@ -59,15 +67,11 @@ LOG_EVERY = 10  # optimizer steps between loss-curve points
 # ----------------------------------------------------------------------------------------------- data
 def training_problems(n: int, seed: int, weights: dict[str, float]) -> list[dict[str, Any]]:
     """``n`` synthetic problems from the ``train`` partition only (never a test or validation problem)."""
-    from components.data import synthetic
-
     return synthetic.generate_problems(n, seed, weights, partitions=("train",))
 
 
 def validation_problems(n: int, weights: dict[str, float], seed: int = 17) -> list[dict[str, Any]]:
     """``n`` problems of the ``val`` partition: what the card measures (disjoint from training and test)."""
-    from components.data import synthetic
-
     return synthetic.generate_problems(n, seed, weights, partitions=("val",))
 
 
@@ -83,10 +87,6 @@ class SeedSource:
         self.cfg, self.tokenizer = cfg, tokenizer
 
     def __call__(self, step: int) -> list[Any]:
-        from components.data import synthetic
-        from components.prompts import render_prompt
-        from components.training.sft_data import encode_example
-
         seed_cfg = self.cfg.seed
         step_seed = self.cfg.run.seed * 1_000_003 + step
         rng = random.Random(step_seed)
@@ -114,9 +114,7 @@ def tokenizer_corpus(cfg: Any) -> list[str]:
     Exactly the text the model will read (role headers and instruction included), so BPE merges the
     prompt's fixed words as well as the solutions'.
     """
-    from components.data import synthetic
-    from components.models.tiny import render_chat
-    from components.prompts import chat_messages
+    from components.models.tiny import render_chat  # lazy: transformers
 
     tiny = cfg.models.tiny
     rng = random.Random(cfg.run.seed)
@@ -132,7 +130,7 @@ def tokenizer_corpus(cfg: Any) -> list[str]:
 # ----------------------------------------------------------------------------------------------- model
 def new_tokenizer_and_model(cfg: Any) -> tuple[Any, Any]:
     """The trained tokenizer and the randomly initialised tiny Qwen3 of the profile (deterministic)."""
-    from components.models.tiny import build_tiny_model, train_tokenizer
+    from components.models.tiny import build_tiny_model, train_tokenizer  # lazy: transformers
 
     if cfg.models.tiny is None:
         raise ValueError("building the tiny seed needs models.tiny (the architecture)")
@@ -148,7 +146,7 @@ def new_tokenizer_and_model(cfg: Any) -> tuple[Any, Any]:
 
 
 def sft_settings(cfg: Any, total_steps: int | None = None, log_every: int = LOG_EVERY) -> Any:
-    from components.training.sft import SFTSettings
+    from components.training.sft import SFTSettings  # lazy: transformers
 
     s = cfg.seed
     return SFTSettings(
@@ -192,9 +190,7 @@ def first_steps_fingerprint(cfg: Any, n_steps: int = FINGERPRINT_STEPS) -> dict[
     What the reproduction test compares with the card: the data, tokenizer, initialisation and optimizer
     of the build, in seconds (the losses at one torch thread; other thread counts agree to ~1e-6).
     """
-    import tempfile
-
-    from components.training.sft import train_sft
+    from components.training.sft import train_sft  # lazy: transformers
 
     tokenizer, model = new_tokenizer_and_model(cfg)
     init_hash = weights_sha256(model)
@@ -232,11 +228,6 @@ def measure(
     ``<guideline>``), ``accuracy_parallel_style`` / ``accuracy_sequential_style``, ``truncated``, ``n``,
     ``per_difficulty`` and the per-problem ``correct`` flags (for exact comparisons in tests).
     """
-    from components.engine import generate
-    from components.engine.config import GenerationConfig
-    from components.grading.judge import judge_many
-    from components.prompts import render_prompt
-
     if not problems:
         raise ValueError("no problems to measure the seed model on")
     gen_cfg = GenerationConfig(
@@ -297,8 +288,6 @@ def _summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _per_difficulty(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    from components.data.synthetic import DIFFICULTIES
-
     seen = {str(r["difficulty"]) for r in rows}
     levels = [d for d in DIFFICULTIES if d in seen] + sorted(seen - set(DIFFICULTIES))
     return {lv: _summary([r for r in rows if str(r["difficulty"]) == lv]) for lv in levels}
@@ -306,8 +295,6 @@ def _per_difficulty(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]
 
 def disjoint_from_benchmarks(benchmark_problems: Sequence[str]) -> bool:
     """True when no benchmark problem text is a synthetic problem (so the seed cannot have trained on it)."""
-    from components.data.synthetic import Expression
-
     for text in benchmark_problems:
         try:
             Expression.parse(text)
@@ -334,8 +321,8 @@ def train_seed(cfg: Any, work_dir: Path, total_steps: int | None = None, stage: 
 def _train(
     cfg: Any, model: Any, tokenizer: Any, source: Any, settings: Any, work_dir: Path, stage: Any
 ) -> Any:
-    from components.training.sft import train_sft
-    from components.training.sft_run import train_sft_in_stage_run
+    from components.training.sft import train_sft  # lazy: transformers
+    from components.training.sft_run import train_sft_in_stage_run  # lazy: transformers
 
     if stage is not None:
         result = train_sft_in_stage_run(
@@ -416,8 +403,6 @@ def build_card(
     eval_n: int = CARD_EVAL_N,
 ) -> dict[str, Any]:
     """Recipe, data, seeds, environment, training summary and validation metrics of a built model."""
-    from components.data.synthetic import DIFFICULTIES, PARTITION_MODULUS, PARTITION_OF_BUCKET
-
     weights = dict(cfg.seed.difficulty_weights)
     val = validation_problems(eval_n, weights)
     sampled = measure(model, tokenizer, val, cfg, temperature=1.0, max_new_tokens=cfg.seed.max_new_tokens)
@@ -569,7 +554,7 @@ def render_card(card: dict[str, Any]) -> str:
 
 def write_checkpoint(model: Any, tokenizer: Any, out_dir: Path, card: dict[str, Any]) -> Path:
     """The model directory (weights, tokenizer, card, checksums), written atomically."""
-    from components.models.loading import save_model
+    from components.models.loading import save_model  # lazy: transformers
 
     with atomic_dir(Path(out_dir)) as tmp:
         save_model(model, tokenizer, tmp)

@@ -37,6 +37,7 @@ import contextlib
 import json
 import os
 import shlex
+import subprocess
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -44,8 +45,18 @@ from typing import Any
 
 import yaml
 
+from components.artifacts import read_shards
+from components.dag import stage_io
+from components.data.problems import load_tuning_split
+from components.grading.config import REWARD_SECTIONS
+from components.prompts import chat_messages, render_prompt
 from components.settings import ConfigError
+from components.structure import TagIds
+from components.structure.errors import TagTokenError
+from components.training.config import RLStageConfig
 from components.training.rl_objective import verl_names
+from components.training.verl.plugins.agent_loop import registered_agent_loop
+from components.training.verl.plugins.engine import NPRParallelEngine
 from components.training.verl.plugins.names import (
     AGENT_LOOP,
     CPU_PLATFORM,
@@ -59,6 +70,7 @@ from components.training.verl.plugins.names import (
     REWARD_MANAGER,
     SCHEMA_ENV,
 )
+from components.training.verl.plugins.reward import TagKeepingRewardManager
 
 PLUGIN_MODULE = PLUGIN_PACKAGE
 # verl loads the reward function by module (pkg://), not by a file path: a relative path resolves against each
@@ -241,7 +253,9 @@ def build_overrides(
         ("+trainer.v1.sampler.sampler_kwargs.dapo_metric", "reward" if filter_groups else "null"),
         (
             "+trainer.v1.sampler.sampler_kwargs.max_dapo_evictions",
-            (stage_cfg.max_gen_batches - 1) * stage_cfg.prompts_per_step if stage_cfg.max_gen_batches > 0 else "null",
+            (stage_cfg.max_gen_batches - 1) * stage_cfg.prompts_per_step
+            if stage_cfg.max_gen_batches > 0
+            else "null",
         ),
     ]
     if native:
@@ -373,8 +387,8 @@ def compose_verl_config(overrides: list[str]) -> Any:
 
     Raises Hydra's error (naming the key) when an override does not exist in this verl version.
     """
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
+    from hydra import compose, initialize_config_dir  # lazy: hydra
+    from hydra.core.global_hydra import GlobalHydra  # lazy: hydra
 
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(verl_config_dir()), version_base=None):
@@ -384,8 +398,6 @@ def compose_verl_config(overrides: list[str]) -> Any:
 def reward_settings(stage_cfg: Any, cfg: Any, schema: str | None = None) -> dict[str, Any]:
     """What ``verl_reward.compute_score`` reads from each row's ``extra_info``: the stage's reward
     (``grading.REWARD_SECTIONS``), its values and the grading settings from params.yaml, and the schema."""
-    from components.grading.config import REWARD_SECTIONS
-
     grading = cfg.grading.model_dump(mode="json")
     return {
         "reward": stage_cfg.reward,
@@ -415,9 +427,7 @@ def write_verl_parquet(
     extra = dict(reward or {})
     if generation:
         extra["generation"] = dict(generation)
-    import pandas as pd
-
-    from components.prompts import chat_messages
+    import pandas as pd  # lazy: pandas
 
     rows = [
         {
@@ -427,7 +437,13 @@ def write_verl_parquet(
             "reward_model": {"style": "rule", "ground_truth": str(p["answer"])},
             # index: verl's per-prompt index (rollout traces, the agent loop's seed without a uid)
             # held_out: verl's validation set (verl does not tell the agent loop which batch it validates)
-            "extra_info": {"id": p["id"], "index": i, "split": p.get("split", "train"), "held_out": held_out, **extra},
+            "extra_info": {
+                "id": p["id"],
+                "index": i,
+                "split": p.get("split", "train"),
+                "held_out": held_out,
+                **extra,
+            },
         }
         for i, p in enumerate(problems)
     ]
@@ -477,9 +493,7 @@ def check_prompt_lengths(
     verl 0.9.1's agent loop cuts a longer prompt from the front and goes on, with a log line only
     (``data.truncation: error`` does not reach it, ``AgentLoopBase._cap_text_prompt_length``): the model
     would be trained on problems with their beginning missing. So the job is refused before it is launched."""
-    from transformers import AutoTokenizer
-
-    from components.prompts import render_prompt
+    from transformers import AutoTokenizer  # lazy: transformers
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_path))
     texts = [render_prompt(tokenizer, p["problem"], prompts_cfg, stage_cfg.prompt_style) for p in problems]
@@ -500,10 +514,7 @@ def check_tag_tokens(stage: str, model_path: Path | str, schema: str) -> None:
     """ConfigError unless the starting model's tokenizer holds ``schema``'s tags as single tokens: the
     ``npr_parallel`` agent loop and the NPR actor need them, and without them every sample of the job fails
     in its agent loop (found by a real run: a Parallel-R1 job from a model without Parallel-R1's tags)."""
-    from transformers import AutoTokenizer
-
-    from components.structure import TagIds
-    from components.structure.errors import TagTokenError
+    from transformers import AutoTokenizer  # lazy: transformers
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_path))
     try:
@@ -529,14 +540,11 @@ def prepare_launch(
     returns (argv, overrides file). The validation split is the first ``eval_n`` held-out problems, the
     ones the local trainer evaluates on; the training split is ``problems_dir``'s, or ``train_problems``
     (a stage with its own data layer: pr1_rl)."""
-    from components.artifacts import read_shards
-
     validate_job(stage, cfg)
     stage_cfg = getattr(cfg, stage)
     style = stage_cfg.prompt_style
     run_dir = Path(run_dir)
     train = train_problems if train_problems is not None else read_shards(problems_dir, stem="train")
-    from components.data.problems import load_tuning_split
 
     # the split the local trainer's held-out evals read too: val when sample_orz wrote one, else test
     test = load_tuning_split(problems_dir)[1][: stage_cfg.eval_n]
@@ -717,8 +725,6 @@ def validate_job(stage: str, cfg: Any) -> VerlJobCheck:
     estimator in verl's registries, the actor engine class by vendor key (``EngineRegistry``, device cuda),
     the agent loop class, the reward manager class and the reward function file (loaded and called once).
     """
-    from components.training.config import RLStageConfig
-
     # a verl job is an RL section's (its type says so), whatever the stage is called
     stage_cfg = getattr(cfg, stage, None)
     if not isinstance(stage_cfg, RLStageConfig):
@@ -730,7 +736,7 @@ def validate_job(stage: str, cfg: Any) -> VerlJobCheck:
     schema = cfg.schema_of(stage)
     env_vars = plugin_env_vars(stage_cfg, schema, cfg.merge_semantics)
 
-    from omegaconf import OmegaConf
+    from omegaconf import OmegaConf  # lazy: omegaconf
     from verl.trainer.ppo.core_algos import get_adv_estimator_fn, get_policy_loss_fn
     from verl.trainer.ppo.reward import get_custom_reward_fn, resolve_reward_manager_cls
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
@@ -738,11 +744,6 @@ def validate_job(stage: str, cfg: Any) -> VerlJobCheck:
     from verl.utils.config import validate_config as verl_validate_config
     from verl.utils.device import auto_set_device
     from verl.workers.engine.base import EngineRegistry
-
-    import components.training.verl.plugins  # noqa: F401  (registers the plugins, as VERL_USE_EXTERNAL_MODULES does)
-    from components.training.verl.plugins.agent_loop import registered_agent_loop
-    from components.training.verl.plugins.engine import NPRParallelEngine
-    from components.training.verl.plugins.reward import TagKeepingRewardManager
 
     config = compose_verl_config(overrides)
     auto_set_device(config)
@@ -864,7 +865,9 @@ def _resolve_trainer(stage: str, config: Any) -> str:
     try:
         return _qualname(get_trainer_cls(config.trainer.v1.trainer_mode))
     except (KeyError, ValueError, AssertionError) as err:
-        raise ConfigError(f"{stage}: verl has no v1 trainer {config.trainer.v1.trainer_mode!r}: {err}") from err
+        raise ConfigError(
+            f"{stage}: verl has no v1 trainer {config.trainer.v1.trainer_mode!r}: {err}"
+        ) from err
 
 
 def _resolve_rollout(stage: str, config: Any) -> str:
@@ -880,7 +883,9 @@ def _resolve_rollout(stage: str, config: Any) -> str:
             f"{sorted(RolloutReplicaRegistry._registry)}"
         )
     if (name, config.actor_rollout_ref.rollout.mode) not in rollout_base._ROLLOUT_REGISTRY:
-        raise ConfigError(f"{stage}.verl.rollout_name: verl has no {config.actor_rollout_ref.rollout.mode} adapter for {name!r}")
+        raise ConfigError(
+            f"{stage}.verl.rollout_name: verl has no {config.actor_rollout_ref.rollout.mode} adapter for {name!r}"
+        )
     if name != "torch":
         return name
     replica = RolloutReplicaRegistry.get(name)
@@ -898,16 +903,14 @@ def _resolve_sampler(stage: str, config: Any) -> str | None:
     try:
         return _qualname(load_extern_object(custom.path, custom.name))
     except (ImportError, AttributeError, FileNotFoundError) as err:
-        raise ConfigError(f"{stage}: the job's replay buffer {custom.path}:{custom.name} does not load: {err}") from err
+        raise ConfigError(
+            f"{stage}: the job's replay buffer {custom.path}:{custom.name} does not load: {err}"
+        ) from err
 
 
 def launch(stage: str, cfg: Any, dry_run: bool = False) -> int:
     """``npr verl launch STAGE [--dry-run] [--profile P]``: validate the verl job of an RL stage, print its
     settings and command, and (without ``dry_run``) write its inputs and submit it; returns the exit status."""
-    import subprocess
-
-    from components.dag import stage_io
-
     stage_cfg = getattr(cfg, stage)
     try:
         check = validate_job(stage, cfg)
@@ -923,7 +926,11 @@ def launch(stage: str, cfg: Any, dry_run: bool = False) -> int:
         print(
             shlex.join(
                 ray_job_command(
-                    stage_cfg, overrides, f"npr-{stage}-{cfg.profile}", cfg.schema_of(stage), cfg.merge_semantics
+                    stage_cfg,
+                    overrides,
+                    f"npr-{stage}-{cfg.profile}",
+                    cfg.schema_of(stage),
+                    cfg.merge_semantics,
                 )
             )
         )
@@ -935,7 +942,12 @@ def launch(stage: str, cfg: Any, dry_run: bool = False) -> int:
     io = stage_io(stage)
     run_dir = Path(cfg.run.artifacts_dir) / stage / "work" / "verl"
     command, path = prepare_launch(
-        stage, cfg, io.input(f"{stage_cfg.init_from}/model"), io.input("sample_orz/problems"), run_dir, write=True
+        stage,
+        cfg,
+        io.input(f"{stage_cfg.init_from}/model"),
+        io.input("sample_orz/problems"),
+        run_dir,
+        write=True,
     )
     print(f"# overrides written to {path}")
     print(shlex.join(command))

@@ -16,11 +16,11 @@ import pytest
 import yaml
 from ops_testing import REPO, VENV_BIN, copy_checkout, free_port, group_alive, run
 
+from components.config import load_orchestration
 from components.ops.prefect_ops import (
     api_url,
     launch_server,
     launch_worker,
-    load_orchestration,
     register_all,
     stop_process_group,
     wait_healthy,

@@ -62,9 +62,6 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
 
 # (importer module, imported module) -> why it still climbs. Remove an entry once the climb is gone.
 EXCEPTIONS: dict[tuple[str, str], str] = {
-    ("components.ops.prefect_ops", "components.config"): (
-        "load_orchestration reads the orchestration section through load_config (profiles, overrides, checks)"
-    ),
     ("components.evaluation.config", "components.config"): (
         "EvaluateConfig validates checkpoints against model_stages(), read from PipelineConfig's section types"
     ),

@@ -38,7 +38,7 @@ def tiny_cfg():
 
 def test_copy_from_dir_keeps_layout_skips_other_schemas_and_reports_truncation(tmp_path, source, tiny_cfg):
     dest = tmp_path / "data"
-    summary = fetch_data(tiny_cfg, dest, source)
+    summary = fetch_data(tiny_cfg.sample_orz, dest, source)
     assert sorted(summary["copied"]) == [
         "benchmarks/npr/AIME25/aime2025-I.jsonl",
         "benchmarks/npr/AIME25/aime25.json",
@@ -60,36 +60,36 @@ def test_copy_from_dir_keeps_layout_skips_other_schemas_and_reports_truncation(t
 
 def test_fetch_is_idempotent(tmp_path, source, tiny_cfg):
     dest = tmp_path / "data"
-    fetch_data(tiny_cfg, dest, source)
+    fetch_data(tiny_cfg.sample_orz, dest, source)
     target = dest / "orz" / "train.json"
     before = target.stat().st_mtime_ns
-    again = fetch_data(tiny_cfg, dest, source)
+    again = fetch_data(tiny_cfg.sample_orz, dest, source)
     assert again["copied"] == [] and len(again["unchanged"]) == 4
     assert target.stat().st_mtime_ns == before
     (source / "orz" / "train.json").write_text(json.dumps([_item("What is 5 + 5?", "10")]))
-    changed = fetch_data(tiny_cfg, dest, source)
+    changed = fetch_data(tiny_cfg.sample_orz, dest, source)
     assert changed["copied"] == ["orz/train.json"]
 
 
 def test_corrupt_benchmark_file_is_an_error(tmp_path, source, tiny_cfg):
     (source / "benchmarks" / "npr" / "AIME25" / "aime25.json").write_text("[{broken")
     with pytest.raises(ValueError, match="does not parse"):
-        fetch_data(tiny_cfg, tmp_path / "data", source)
+        fetch_data(tiny_cfg.sample_orz, tmp_path / "data", source)
     with pytest.raises(FileNotFoundError, match="neither orz/ nor benchmarks/"):
-        fetch_data(tiny_cfg, tmp_path / "data", tmp_path / "data" / "benchmarks" / "npr")
+        fetch_data(tiny_cfg.sample_orz, tmp_path / "data", tmp_path / "data" / "benchmarks" / "npr")
 
 
 def test_tiny_profile_without_source_writes_the_smoke_set(tmp_path, tiny_cfg):
     dest = tmp_path / "data"
-    summary = fetch_data(tiny_cfg, dest, None)
+    summary = fetch_data(tiny_cfg.sample_orz, dest, None)
     assert summary["mode"] == "smoke" and len(summary["copied"]) == 7
     for rel in summary["copied"]:
         assert (dest / rel).read_bytes() == (SMOKE_DIR / rel.removeprefix("benchmarks/")).read_bytes()
-    assert fetch_data(tiny_cfg, dest, None)["copied"] == []
+    assert fetch_data(tiny_cfg.sample_orz, dest, None)["copied"] == []
 
 
 def test_hub_source_offline_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     cfg = load_config(profile="qwen3-4b")
     with pytest.raises(ConnectionError, match="--from DIR"):
-        fetch_data(cfg, tmp_path / "data", None)
+        fetch_data(cfg.sample_orz, tmp_path / "data", None)

@@ -50,9 +50,7 @@ def test_dispatch_sends_params_and_lock_and_restores_from_the_run_cache(in_repo,
         stage_mod, "restore_from_run_cache", lambda stage, timeout_s: calls.setdefault("restored", stage)
     )
     monkeypatch.setattr(pipeline, "launching_commit", lambda: {"NPR_GIT_COMMIT": "c0ffee"})
-    import components.config as config_mod
-
-    monkeypatch.setattr(config_mod, "load_config", lambda *a, **k: load_config(profile="qwen3-4b"))
+    monkeypatch.setattr(pipeline, "load_config", lambda *a, **k: load_config(profile="qwen3-4b"))
     pipeline._run_stage("evaluate", "qwen3-4b", True, "run-9", None)
     assert calls["restored"] == "evaluate"
     params = calls["parameters"]

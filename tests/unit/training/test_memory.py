@@ -208,6 +208,6 @@ def test_reread_plans_the_laid_out_copies_of_parallel_stages_only():
         assert peak(reread, stage) > peak(isolated, stage), stage
     for stage in ("sequential_warmup", "sr_rl"):
         assert peak(reread, stage) == peak(isolated, stage), stage
-    assert memory.reread_tokens(reread, reread.papo_rl, 100) == 100
-    assert memory.reread_tokens(isolated, isolated.papo_rl, 100) == 0
-    assert memory.reread_tokens(reread, reread.sr_rl, 100) == 0
+    assert memory.reread_tokens(reread.merge_semantics, reread.papo_rl, 100) == 100
+    assert memory.reread_tokens(isolated.merge_semantics, isolated.papo_rl, 100) == 0
+    assert memory.reread_tokens(reread.merge_semantics, reread.sr_rl, 100) == 0

@@ -54,6 +54,7 @@ from verl.experimental.agent_loop.agent_loop import (
 )
 
 from components.engine import DecodePolicy, GenerationConfig, SamplingSettings, SequenceController, drive
+from components.grading.verl_reward import compute_score
 from components.structure import TagIds
 from components.training.dapo import overlong_penalty
 from components.training.rl_batch import Rollout, structural_rejection
@@ -68,7 +69,7 @@ BACKEND = "verl"
 
 def registered_agent_loop(name: str) -> type:
     """The class verl's ``AgentLoopWorker`` instantiates for ``name`` (KeyError if none is registered)."""
-    import hydra.utils
+    import hydra.utils  # lazy: hydra
 
     if name not in _agent_loop_registry:
         # verl's own loops register when their module is imported, as its agent-loop package does
@@ -272,6 +273,4 @@ def _compute_score(
     data_source: Any, text: str, reward_model: dict[str, Any], extra_info: dict[str, Any]
 ) -> dict:
     """The stage's reward for one response (``extra_info`` carries reward, values, grading, schema)."""
-    from components.grading.verl_reward import compute_score
-
     return compute_score(data_source, text, reward_model.get("ground_truth"), extra_info=extra_info)

@@ -33,6 +33,7 @@ raises).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
 import time
@@ -44,6 +45,8 @@ import torch
 from verl.workers.rollout import base as rollout_base
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutMode, RolloutReplica, RolloutReplicaRegistry, TokenOutput
+
+from components.training.verl.plugins.agent_loop import sample_seed
 
 logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "WARN"))
@@ -60,13 +63,19 @@ def server_actor_name(replica_rank: int, node_rank: int = 0) -> str:
 
 
 def max_new_tokens_of(
-    sampling_params: dict[str, Any], prompt_len: int, response_length: int, prompt_length: int, max_model_len: int
+    sampling_params: dict[str, Any],
+    prompt_len: int,
+    response_length: int,
+    prompt_length: int,
+    max_model_len: int,
 ) -> int:
     """SGLang server's rule (``SGLangHttpServer.generate``): the request's ``max_new_tokens`` (or
     ``max_tokens``), else the response budget left by the prompt; clamped to the model's context."""
     possible = max_model_len - prompt_len - 1
     if possible < 0:
-        raise ValueError(f"Prompt length ({prompt_len}) exceeds the model's maximum context length ({max_model_len}).")
+        raise ValueError(
+            f"Prompt length ({prompt_len}) exceeds the model's maximum context length ({max_model_len})."
+        )
     if "max_new_tokens" in sampling_params:
         wanted = int(sampling_params.pop("max_new_tokens"))
     elif "max_tokens" in sampling_params:
@@ -78,8 +87,6 @@ def max_new_tokens_of(
 
 def hash_tokens(tokens: list[int]) -> str:
     """A short stable digest of a token sequence (part of a request's derived seed)."""
-    import hashlib
-
     return hashlib.sha256(",".join(map(str, tokens)).encode()).hexdigest()[:16]
 
 
@@ -94,11 +101,11 @@ class TorchRolloutServer:
         replica_rank: int,
         node_rank: int = 0,
     ) -> None:
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM  # lazy: transformers
         from verl.utils.config import omega_conf_to_dataclass
         from verl.workers.config import HFModelConfig
 
-        from components.engine.backends.torch_tokens import TorchTokenGenerator
+        from components.engine.backends.torch_tokens import TorchTokenGenerator  # lazy: transformers
 
         self.config = omega_conf_to_dataclass(config)
         self.model_config = omega_conf_to_dataclass(model_config, dataclass_type=HFModelConfig)
@@ -180,9 +187,13 @@ class TorchRolloutServer:
         the weight version, the prompt and sampler, and how many times this prompt was asked at this
         version. So a step's rollouts are the same multiset of samples in every run, in whatever order the
         requests arrive, and a resumed job draws what the interrupted one would have."""
-        from components.training.verl.plugins.agent_loop import sample_seed
-
-        key = (self.global_steps, tuple(prompt), params.get("temperature"), params.get("top_p"), params.get("top_k"))
+        key = (
+            self.global_steps,
+            tuple(prompt),
+            params.get("temperature"),
+            params.get("top_p"),
+            params.get("top_k"),
+        )
         occurrence = self._asked.get(key, 0)
         self._asked[key] = occurrence + 1
         return sample_seed(self.seed, *key[:1], hash_tokens(prompt), *key[2:], occurrence)
@@ -276,7 +287,9 @@ class TorchReplica(RolloutReplica):
                 f"the torch rollout runs colocated with the trainer (hybrid mode), not {self.rollout_mode}: "
                 "set actor_rollout_ref.hybrid_engine=true and trainer.v1.trainer_mode=sync"
             )
-        node_id = await self.workers[0].__ray_call__.remote(lambda self: ray.get_runtime_context().get_node_id())
+        node_id = await self.workers[0].__ray_call__.remote(
+            lambda self: ray.get_runtime_context().get_node_id()
+        )
         server = (
             ray.remote(TorchRolloutServer)
             .options(
