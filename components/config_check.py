@@ -36,8 +36,9 @@ from typing import Any
 
 import yaml
 
-from components.config import DECODE_KINDS, ConfigError, PipelineConfig, pipeline_stages
+from components.config import DECODE_KINDS, ConfigError, PipelineConfig, parallel_r1_stages, pipeline_stages
 from components.engine.backends.sglang_client import API_KEY_ENV
+from components.evaluation.config import EvaluateConfig
 from components.training import memory
 from components.training.config import RLStageConfig
 
@@ -101,15 +102,39 @@ def check_memory(cfg: PipelineConfig) -> list[Check]:
     return rows
 
 
-def _generating_stages(cfg: PipelineConfig) -> list[tuple[str, int, str]]:
-    """(stage, max_new_tokens, the setting's key) of every stage that samples."""
-    out = [(s, sc.max_new_tokens, f"{s}.max_new_tokens") for s, sc in cfg.sections(RLStageConfig).items()]
+@dataclass(frozen=True)
+class Sampling:
+    """One way the pipeline samples: its stage, its token budget (and that setting's key), and the section
+    whose ``verl.max_prompt_length`` bounds its prompts."""
+
+    stage: str
+    max_new_tokens: int
+    key: str
+    prompt_section: str
+
+
+def _generating_stages(cfg: PipelineConfig) -> list[Sampling]:
+    """Every way a stage samples: each RL stage's rollouts (under its own prompt bound), each decode stage
+    (under NPR-Zero's: distillation and evaluation prompt as it does), the tiny seed's build, and the
+    evaluation of the Parallel-R1 checkpoints with their own budget and their own, longer, instruction
+    (the bound of the Parallel-R1 RL stage, which prompts the same way)."""
+    out = [
+        Sampling(s, sc.max_new_tokens, f"{s}.max_new_tokens", s)
+        for s, sc in cfg.sections(RLStageConfig).items()
+    ]
     out += [
-        (s, sc.generation.max_new_tokens, f"{s}.generation.max_new_tokens")
+        Sampling(s, sc.generation.max_new_tokens, f"{s}.generation.max_new_tokens", "npr_zero")
         for s, sc in cfg.sections(DECODE_KINDS).items()
     ]
+    pr1_rl = [s for s in parallel_r1_stages() if s in cfg.sections(RLStageConfig)]
+    if cfg.parallel_r1.max_new_tokens is not None and pr1_rl:
+        out += [
+            Sampling(s, cfg.parallel_r1.max_new_tokens, "parallel_r1.max_new_tokens", pr1_rl[0])
+            for s, sc in cfg.sections(EvaluateConfig).items()
+            if set(sc.checkpoints) & set(parallel_r1_stages())
+        ]
     if cfg.models.base_model == "tiny" and cfg.seed.enabled:
-        out.append(("seed", cfg.seed.max_new_tokens, "seed.max_new_tokens"))
+        out.append(Sampling("seed", cfg.seed.max_new_tokens, "seed.max_new_tokens", "npr_zero"))
     return out
 
 
@@ -118,9 +143,10 @@ def check_context_length(cfg: PipelineConfig) -> list[Check]:
     rl = cfg.sections(RLStageConfig)
     decoders = cfg.sections(DECODE_KINDS)
     rows = []
-    for stage, max_new, key in _generating_stages(cfg):
-        prompt = memory.prompt_bound(cfg, rl.get(stage))
-        bound_key = f"{stage if stage in rl else 'npr_zero'}.verl.max_prompt_length"
+    for sampling in _generating_stages(cfg):
+        stage, max_new, key = sampling.stage, sampling.max_new_tokens, sampling.key
+        prompt = memory.prompt_bound(cfg, rl.get(sampling.prompt_section))
+        bound_key = f"{sampling.prompt_section}.verl.max_prompt_length"
         need = prompt + max_new
         problems = []
         if shape.max_positions and need > shape.max_positions:
@@ -141,7 +167,7 @@ def check_context_length(cfg: PipelineConfig) -> list[Check]:
                     f"any prompt over {int(server) - max_new} tokens; raise context_length or lower {key}"
                 )
         detail = "; ".join(problems) or (
-            f"{prompt} + {max_new} = {need} tokens within {shape.max_positions or '?'} positions"
+            f"{prompt} + {max_new} ({key}) = {need} tokens within {shape.max_positions or '?'} positions"
             + (f" and the server's {server}" if server is not None else "")
         )
         rows.append(Check("context length", stage, not problems, detail))

@@ -168,3 +168,18 @@ def test_the_tiny_profile_runs_every_rl_stage_through_verl_on_cpu():
     verl = {r.stage: r.detail for r in rows if r.check == "verl validation"}
     assert set(verl) == set(stages)
     assert all(r.detail.startswith("0 GPU(s) on the cpu pool") for r in rows if r.check == "GPU count")
+
+
+def test_the_parallel_r1_evaluation_budget_is_checked_against_its_own_prompt_bound():
+    """The evaluation decodes the Parallel-R1 checkpoints with parallel_r1.max_new_tokens and their longer
+    instruction: their prompts are bounded like pr1_rl's, not NPR-Zero's, and the check says which."""
+    rows = [r for r in check_profile(load_config(profile="tiny")) if r.check == "context length"]
+    assert all(r.ok for r in rows), rows
+    evaluate = [r.detail for r in rows if r.stage == "evaluate"]  # NPR's budget and Parallel-R1's
+    assert len(evaluate) == 2 and "(parallel_r1.max_new_tokens)" in evaluate[1], evaluate
+
+    # 84 + 440 = 524 > 512: only the evaluation of the Parallel-R1 checkpoints overruns (pr1_rl keeps 428)
+    rows = check_profile(load_config(profile="tiny", overrides=["parallel_r1.max_new_tokens=440"]))
+    bad = [r for r in rows if not r.ok]
+    assert [(r.check, r.stage) for r in bad] == [("context length", "evaluate")], bad
+    assert "pr1_rl.verl.max_prompt_length" in bad[0].detail and "parallel_r1.max_new_tokens 440" in bad[0].detail
