@@ -130,14 +130,15 @@ def test_a_grading_regression_fails_the_night_and_alerts(
     """Same checkpoint, same settings, a grader that has broken (every answer judged wrong)."""
     import dataclasses
 
-    import components.grading.judge as judge
+    import components.evaluation.runner as runner
 
-    real = judge.judge_many
+    real = runner.judge_many
 
     def broken(*args: Any, **kwargs: Any) -> Any:
         return [dataclasses.replace(j, correct=False) for j in real(*args, **kwargs)]
 
-    monkeypatch.setattr(judge, "judge_many", broken)
+    # the evaluation's grader, as the runner calls it (imported at its module top)
+    monkeypatch.setattr(runner, "judge_many", broken)
     before = len(workspace["receiver"].bodies)
     result = _invoke("nightly", "run", "--profile", "tiny", "--checkpoint", "seed")
     assert result.exit_code == 1, (result.output, result.exception)
