@@ -105,7 +105,7 @@ def test_warmup_sends_its_training_curve_to_the_stage_run(stage_env, tmp_path, m
     # stage opens its own run and logs every optimizer step with the recipe's scalars
     from contextlib import contextmanager
 
-    import components.tracking as tracking
+    import components.training.sft_run as sft_run
 
     opened: list[tuple[str, object]] = []
     run = _RecordingRun()
@@ -115,7 +115,7 @@ def test_warmup_sends_its_training_curve_to_the_stage_run(stage_env, tmp_path, m
         opened.append((stage, run_dir))
         yield run
 
-    monkeypatch.setattr(tracking, "stage_run", fake_stage_run)
+    monkeypatch.setattr(sft_run, "stage_run", fake_stage_run)  # the SFT runner's W&B run (its module's import)
     stage = "sequential_warmup"
     overrides = [f"{stage}.max_steps=4", f"{stage}.batch_size=4", f"{stage}.lr=1e-3"]
     cfg = load_config(profile="tiny", overrides=overrides)
