@@ -166,10 +166,11 @@ def test_distill_stops_at_its_accepted_target_and_reports_a_shortfall(tmp_path: 
     """``target_accepted``: problems are sampled in order until that many have a trajectory the reject_filter
     rule accepts; the output is the shortest prefix of problems that reaches it. A bound reached first is
     reported as the shortfall, with everything sampled kept."""
-    import components.engine
+    import components.stages.distill as distill_stage
 
     io, cfg = _setup(tmp_path)
-    monkeypatch.setattr(components.engine, "generate", _answering_engine({1, 3}))
+    # the engine as the stage calls it (imported at the stage module's top)
+    monkeypatch.setattr(distill_stage, "generate", _answering_engine({1, 3}))
     cfg.reject_filter.min_response_tokens = 1
     cfg.distill.n_problems = None  # all 5 problems, 2 a chunk
     cfg.distill.target_accepted = 2
