@@ -118,20 +118,19 @@ def _generating_stages(cfg: PipelineConfig) -> list[Sampling]:
     (under NPR-Zero's: distillation and evaluation prompt as it does), the tiny seed's build, and the
     evaluation of the Parallel-R1 checkpoints with their own budget and their own, longer, instruction
     (the bound of the Parallel-R1 RL stage, which prompts the same way)."""
-    out = [
-        Sampling(s, sc.max_new_tokens, f"{s}.max_new_tokens", s)
-        for s, sc in cfg.sections(RLStageConfig).items()
-    ]
+    rl = cfg.sections(RLStageConfig)
+    out = [Sampling(s, sc.max_new_tokens, f"{s}.max_new_tokens", s) for s, sc in rl.items()]
     out += [
         Sampling(s, sc.generation.max_new_tokens, f"{s}.generation.max_new_tokens", "npr_zero")
         for s, sc in cfg.sections(DECODE_KINDS).items()
     ]
-    pr1_rl = [s for s in parallel_r1_stages() if s in cfg.sections(RLStageConfig)]
+    pr1 = set(parallel_r1_stages())
+    pr1_rl = [s for s in rl if s in pr1]
     if cfg.parallel_r1.max_new_tokens is not None and pr1_rl:
         out += [
             Sampling(s, cfg.parallel_r1.max_new_tokens, "parallel_r1.max_new_tokens", pr1_rl[0])
             for s, sc in cfg.sections(EvaluateConfig).items()
-            if set(sc.checkpoints) & set(parallel_r1_stages())
+            if pr1 & set(sc.checkpoints)
         ]
     if cfg.models.base_model == "tiny" and cfg.seed.enabled:
         out.append(Sampling("seed", cfg.seed.max_new_tokens, "seed.max_new_tokens", "npr_zero"))
