@@ -9,7 +9,10 @@ calls it):
    logger writes to ``verl_logs/attempt-k.jsonl`` and the plugins' rollout records carry ``k``;
 3. verl resumes by itself (``trainer.resume_mode: auto``) from the newest checkpoint under
    ``checkpoints/``, so a stage killed after a checkpoint continues from it when it is run again (the
-   work dir survives while the stage's code, params and inputs are unchanged: ``components.stages``);
+   work dir survives while the stage's code, params and inputs are unchanged: ``components.stages``).
+   verl writes a step's checkpoint before it logs the step's metrics, so a kill between the two leaves a
+   checkpoint of a step nobody can report; ``rewind_to_reported`` drops such checkpoints first, and the
+   resumed attempt runs that step again;
 4. the newest checkpoint merged into the stage's HF output by verl's model merger;
 5. the stage's metrics and per-step log from verl's run (``report``), so a resumed job reports every step
    of the run, as an uninterrupted one does.
@@ -62,11 +65,42 @@ def latest_checkpoint_step(run_dir: Path) -> int | None:
         return None
 
 
+def _step_of(checkpoint: Path) -> int:
+    return int(checkpoint.name.rsplit("_", 1)[1])
+
+
 def checkpoint_dirs(run_dir: Path) -> list[Path]:
     """verl's ``global_step_<n>`` checkpoints in ``run_dir``, oldest first."""
-    return sorted(
-        (Path(run_dir) / CHECKPOINTS).glob("global_step_*"), key=lambda p: int(p.name.rsplit("_", 1)[1])
-    )
+    return sorted((Path(run_dir) / CHECKPOINTS).glob("global_step_*"), key=_step_of)
+
+
+def rewind_to_reported(run_dir: Path) -> int | None:
+    """Drop every checkpoint newer than the newest one whose step verl logged, point verl's tracker at that
+    one (no tracker: verl starts afresh), and return its step: what the next attempt resumes from.
+
+    verl's loop saves a step's checkpoint, then validates, then logs the step's metrics; resuming from a
+    checkpoint whose metrics were never logged would leave that step out of the report for good. A folder
+    newer than the tracker is a save cut short.
+    """
+    run_dir = Path(run_dir)
+    newest = latest_checkpoint_step(run_dir)
+    logged = set(report.verl_steps(run_dir))
+    resume = None
+    for checkpoint in checkpoint_dirs(run_dir):
+        step = _step_of(checkpoint)
+        if newest is not None and step <= newest and step in logged:
+            resume = step
+    for checkpoint in checkpoint_dirs(run_dir):
+        if resume is None or _step_of(checkpoint) > resume:
+            shutil.rmtree(checkpoint)
+    tracker = run_dir / CHECKPOINTS / TRACKER_FILE
+    if resume is None:
+        tracker.unlink(missing_ok=True)
+    elif resume != newest:
+        tmp = tracker.with_suffix(".tmp")
+        tmp.write_text(str(resume))
+        tmp.replace(tracker)
+    return resume
 
 
 def error_tail(log: Path, lines: int = ERROR_TAIL_LINES) -> str:
@@ -122,7 +156,7 @@ def run_verl_stage(
     hydra_dir = (run_dir / "hydra" / f"attempt-{attempt:02d}").resolve()
     argv = [sys.executable, "-m", entry, *overrides, f"hydra.run.dir={hydra_dir}"]
     attempt_log.parent.mkdir(parents=True, exist_ok=True)
-    resumed_from = latest_checkpoint_step(run_dir)
+    resumed_from = rewind_to_reported(run_dir)
     env = dict(os.environ)
     env.update(
         {
@@ -166,7 +200,7 @@ def run_verl_stage(
         {
             "backend": "verl",
             "ray": "cluster " + str(v.ray_address) if inside else f"own head on {v.ray_head_host}",
-            "checkpoint_step": int(steps[-1].name.rsplit("_", 1)[1]),
+            "checkpoint_step": _step_of(steps[-1]),
             "attempts": attempt,
             "resumed_from_step": resumed_from,
             "overrides": str(overrides_file),
@@ -175,4 +209,11 @@ def run_verl_stage(
     return metrics
 
 
-__all__ = ["VerlJobError", "checkpoint_dirs", "head_resources", "latest_checkpoint_step", "run_verl_stage"]
+__all__ = [
+    "VerlJobError",
+    "checkpoint_dirs",
+    "head_resources",
+    "latest_checkpoint_step",
+    "rewind_to_reported",
+    "run_verl_stage",
+]
