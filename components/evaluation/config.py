@@ -42,7 +42,8 @@ class SpeedupConfig(StrictModel):
     sequential mode, batch by batch, alternating which mode goes first (the machine's speed drifts).
 
     ``benchmark``: whose problems (None: every non-smoke benchmark); ``max_problems``: the first N of them
-    (None: all), one sample each; ``batch_size``: the decode batch (None: ``generation.batch_size``). NPR's
+    (None: all), one sample each; ``batch_size``: the decode batch (None: ``generation.batch_size``);
+    ``repeats``: decodes of each batch per mode, the fastest counting. NPR's
     speedup is a latency claim (one problem answered in fewer decode steps); on a CPU a full batch is
     compute-bound, so the tiny profile measures it at a small batch (docs/results.md has both).
     """
@@ -50,6 +51,10 @@ class SpeedupConfig(StrictModel):
     benchmark: str | None = None
     max_problems: int | None = Field(None, ge=1)
     batch_size: int | None = Field(None, ge=1)
+    # each batch is decoded this many times in each mode and the fastest decode of each counts (timeit's
+    # rule: other work on the machine only ever slows a decode down); the decodes are seeded per request,
+    # so every repeat decodes the same tokens
+    repeats: int = Field(1, ge=1)
     # which parallel checkpoints get it (None: every one); the tiny profile times NPR's, whose speedup the
     # recipe claims, and not Parallel-R1's (each decode costs ~40 s of a 2-core run)
     checkpoints: list[str] | None = None

@@ -73,3 +73,69 @@ def test_grouped_benchmarks_decode_once_and_split_the_wall_by_tokens(monkeypatch
         return sum(r["n_tokens"] for r in records) / wall
 
     assert rate("a") == pytest.approx(rate("b"))  # one call, one throughput
+
+
+def test_the_speedup_decode_counts_each_modes_fastest_repeat_of_each_batch(monkeypatch):
+    """A burst of other work slows one decode of a batch; with repeats the fastest decode of each mode counts,
+    and the order of the modes flips every round as it does from batch to batch."""
+    from types import SimpleNamespace
+
+    from components.models.tiny import tiny_test_world
+
+    _, tokenizer = tiny_test_world(seed=0)
+    cwd = os.getcwd()
+    os.chdir(REPO)
+    try:
+        cfg = load_config(
+            profile="tiny",
+            overrides=["evaluate.speedup.batch_size=2", "evaluate.speedup.repeats=3", "grading.workers=1"],
+        )
+        problems = generate_problems(4, 3, None)  # 2 batches
+        tokens = {"parallel": 30, "sequential": 20}  # per response; the same every repeat (seeded decodes)
+        # (batch, mode) -> walls of the 3 repeats: one slow outlier each, never the same round for both modes
+        walls = {
+            (0, "parallel"): [5.0, 1.0, 1.2],
+            (0, "sequential"): [2.0, 2.0, 9.0],
+            (1, "parallel"): [1.1, 1.0, 4.0],
+            (1, "sequential"): [6.0, 2.2, 2.0],
+        }
+        calls: list[tuple[int, str]] = []
+
+        def fake_decode(model, tok, tags, prompts, gen_cfg):
+            batch = next(i for i, p in enumerate(problems) if p["problem"] in prompts[0]) // 2
+            mode = gen_cfg.mode
+            wall = walls[(batch, mode)][sum(1 for c in calls if c == (batch, mode))]
+            calls.append((batch, mode))
+            gens = [
+                SimpleNamespace(
+                    total_tokens=tokens[mode],
+                    critical_path_tokens=tokens[mode] // 2,
+                    parallel_taken=mode == "parallel",
+                )
+                for _ in prompts
+            ]
+            return gens, wall
+
+        monkeypatch.setattr(runner, "_decode", fake_decode)
+        critical = {"critical_path_tokens": tokens["parallel"] // 2}
+        monkeypatch.setattr(runner, "_structure", lambda g, tags, schema: critical)
+        summary, par, seq = runner.measure_speedup(None, tokenizer, None, problems, cfg, "parallel")
+    finally:
+        os.chdir(cwd)
+    # round r of batch i puts parallel first when i + r is even
+    assert [m for b, m in calls if b == 0][:2] == ["parallel", "sequential"]
+    assert [m for b, m in calls if b == 0][2:4] == ["sequential", "parallel"]
+    assert [m for b, m in calls if b == 1][:2] == ["sequential", "parallel"]
+    assert len(calls) == 2 * 2 * 3 and summary["repeats"] == 3
+    assert summary["parallel_wall_s"] == pytest.approx(1.0 + 1.0)
+    assert summary["sequential_wall_s"] == pytest.approx(2.0 + 2.0)
+    assert summary["parallel_tokens"] == 4 * 30 and summary["sequential_tokens"] == 4 * 20
+    assert summary["achieved_speedup"] == pytest.approx((120 / 2.0) / (80 / 4.0))  # 3.0
+    assert summary["ideal_speedup"] == pytest.approx(2.0)
+    assert summary["efficiency"] == pytest.approx(1.5)
+    assert len(par) == len(seq) == 4
+
+
+def test_the_speedup_decode_repeats_a_batch_at_least_once():
+    with pytest.raises(Exception, match="repeats"):
+        load_config(profile="tiny", overrides=["evaluate.speedup.repeats=0"])
