@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Protocol
 
-from pydantic import Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 
-from components.settings import StrictModel
+from components.settings import ConfigError, StrictModel
 
 PromptStyle = Literal["parallel", "sequential", "parallel_r1"]
 
@@ -336,3 +336,22 @@ class PR1RLConfig(RLStageConfig):
         if self.dynamic_sampling:
             raise ValueError("pr1_rl is GRPO (Parallel-R1): dynamic_sampling must be false")
         return self
+
+
+class StageSections(Protocol):
+    """How a stage's section is read off the pipeline config (components.config.PipelineConfig, a floor above
+    this package): by the stage's name, and all sections of one type."""
+
+    def section(self, stage: str) -> BaseModel | None: ...
+
+    def sections(self, kind: type[RLStageConfig]) -> dict[str, RLStageConfig]: ...
+
+
+def rl_section(cfg: StageSections, stage: str) -> RLStageConfig:
+    """``stage``'s section, which must be an RL stage's (its type says so, whatever the stage is called);
+    ConfigError naming the RL stages otherwise."""
+    section = cfg.section(stage)
+    if not isinstance(section, RLStageConfig):
+        rl = ", ".join(cfg.sections(RLStageConfig))
+        raise ConfigError(f"unknown RL stage {stage!r}; verl jobs exist for {rl}")
+    return section

@@ -40,6 +40,7 @@ import math
 import random
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,7 @@ from components.prompts import render_prompt
 from components.structure import TagIds, parse_text, trace_metrics
 from components.tracking import stage_run
 from components.training.checkpoint import TrainingState, latest_checkpoint, load_checkpoint, save_checkpoint
+from components.training.config import RLStageConfig, rl_section
 from components.training.dapo import DynamicSampler, DynamicSamplingStats, overlong_penalty
 from components.training.papo import post_merge_is_weights, post_merge_mask
 from components.training.precision import build_adamw, compute_autocast, stepped_parameters
@@ -89,7 +91,7 @@ class RLRunResult:
     evals: list[dict[str, Any]] = field(default_factory=list)
 
 
-def lr_lambda(stage_cfg: Any):
+def lr_lambda(stage_cfg: RLStageConfig) -> Callable[[int], float]:
     """Multiplier of the base LR at training step ``s`` (linear warmup, then constant or cosine)."""
     warmup, total, floor = stage_cfg.lr_warmup_steps, max(1, stage_cfg.steps), stage_cfg.min_lr_ratio
 
@@ -118,15 +120,15 @@ class RLTrainer:
         work_dir: Path,
         tracker: Any | None = None,
         *,
-        stage_cfg: Any | None = None,
+        stage_cfg: RLStageConfig | None = None,
         schema: str | None = None,
         generation: dict[str, Any] | None = None,
     ) -> None:
-        # stage_cfg: the stage's section (default: getattr(cfg, stage)); schema: the structure schema of its
+        # stage_cfg: the stage's section (default: rl_section(cfg, stage)); schema: the structure schema of its
         # traces (default: the pipeline's schema_name; pr1_rl: parallel_r1); generation: extra GenerationConfig
         # fields of its rollouts and evaluations (Parallel-R1's paths per block).
         self.stage, self.cfg = stage, cfg
-        self.sc = stage_cfg if stage_cfg is not None else getattr(cfg, stage)
+        self.sc = stage_cfg if stage_cfg is not None else rl_section(cfg, stage)
         self.schema = schema or cfg.schema_name
         # what post-merge tokens see in the trainer's forward (components.structure.merge)
         self.merge = cfg.merge_semantics
@@ -671,7 +673,7 @@ def run_rl_stage(
     cfg: Any,
     io: Any,
     *,
-    stage_cfg: Any | None = None,
+    stage_cfg: RLStageConfig | None = None,
     schema: str | None = None,
     generation: dict[str, Any] | None = None,
     train_problems: list[dict[str, Any]] | None = None,
@@ -685,7 +687,7 @@ def run_rl_stage(
     """
     from components.models.loading import load_model, save_model  # lazy: transformers
 
-    sc = stage_cfg if stage_cfg is not None else getattr(cfg, stage)
+    sc = stage_cfg if stage_cfg is not None else rl_section(cfg, stage)
     init_dir = io.input(f"{sc.init_from}/model")
     problems_dir = io.input("sample_orz/problems")
     out_dir = io.output("model")

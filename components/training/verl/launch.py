@@ -41,19 +41,23 @@ import subprocess
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
+from pydantic import BaseModel
 
 from components.artifacts import read_shards
 from components.dag import stage_io
 from components.data.problems import load_tuning_split
-from components.grading.config import REWARD_SECTIONS
+from components.grading.config import REWARD_SECTIONS, GradingConfig
+from components.models.config import ModelsConfig
+from components.ops.config import TrackingConfig
 from components.prompts import chat_messages, render_prompt
 from components.settings import ConfigError
 from components.structure import TagIds
 from components.structure.errors import TagTokenError
-from components.training.config import RLStageConfig
+from components.structure.merge import MergeSemantics
+from components.training.config import RLStageConfig, rl_section
 from components.training.rl_objective import verl_names
 from components.training.verl.plugins.agent_loop import registered_agent_loop
 from components.training.verl.plugins.engine import NPRParallelEngine
@@ -104,13 +108,49 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def native_parallel(stage_cfg: Any) -> bool:
+class VerlJobConfig(Protocol):
+    """What a verl job reads of the pipeline's config. That is components.config.PipelineConfig, a floor
+    above this package (it assembles this package's sections), so it is named here by what a job uses: the
+    stage's own section (``section``), the run's folders and seed, the model's attention, the prompts, the
+    grading settings its reward reads, the W&B project, and the schema and merge semantics it trains in."""
+
+    profile: str
+    schema_name: str
+
+    @property
+    def run(self) -> Any: ...
+
+    @property
+    def models(self) -> ModelsConfig: ...
+
+    @property
+    def prompts(self) -> Any: ...
+
+    @property
+    def grading(self) -> GradingConfig: ...
+
+    @property
+    def tracking(self) -> TrackingConfig: ...
+
+    @property
+    def merge_semantics(self) -> MergeSemantics: ...
+
+    def section(self, stage: str) -> BaseModel | None: ...
+
+    def sections(self, kind: type[RLStageConfig]) -> dict[str, RLStageConfig]: ...
+
+    def schema_of(self, stage: str) -> str: ...
+
+    def engine_settings_of(self, checkpoint: str, *, evaluation: bool = False) -> dict[str, Any]: ...
+
+
+def native_parallel(stage_cfg: RLStageConfig) -> bool:
     """Whether a stage rolls out with the native fork/merge agent loop and trains with the NPR actor (the
     canonical parallel mask): every stage whose ``engine_mode`` is parallel (PAPO; Parallel-R1 Unseen)."""
     return stage_cfg.engine_mode == "parallel"
 
 
-def remove_padding(stage_cfg: Any) -> bool:
+def remove_padding(stage_cfg: RLStageConfig) -> bool:
     """verl's packed forward: as configured, else on for the stock actor and off for the NPR actor."""
     if stage_cfg.verl.use_remove_padding is not None:
         return bool(stage_cfg.verl.use_remove_padding)
@@ -119,7 +159,7 @@ def remove_padding(stage_cfg: Any) -> bool:
 
 def build_overrides(
     stage: str,
-    stage_cfg: Any,
+    stage_cfg: RLStageConfig,
     inputs: VerlRunInputs,
     project: str,
     *,
@@ -291,7 +331,7 @@ def _hydra_value(value: Any) -> str:
     return _fmt(value)
 
 
-def plugin_env_vars(stage_cfg: Any, schema: str = "npr", merge: str = "isolated") -> dict[str, str]:
+def plugin_env_vars(stage_cfg: RLStageConfig, schema: str = "npr", merge: str = "isolated") -> dict[str, str]:
     """What selects our plugins in every process of the job: the package verl imports, the structure
     schema they parse, and (native parallel stages) the engine vendor key of the NPR actor and the merge
     semantics its forward lays out (``merge_semantics``)."""
@@ -304,7 +344,7 @@ def plugin_env_vars(stage_cfg: Any, schema: str = "npr", merge: str = "isolated"
     return env
 
 
-def runtime_env(stage_cfg: Any, schema: str = "npr", merge: str = "isolated") -> dict[str, Any]:
+def runtime_env(stage_cfg: RLStageConfig, schema: str = "npr", merge: str = "isolated") -> dict[str, Any]:
     """Ray job runtime env: the repository as working dir, our plugins imported by every ``import verl``."""
     # no auth setting here: the job inherits the cluster's token authentication (infra/ray/cluster.yaml)
     env_vars = {"TOKENIZERS_PARALLELISM": "true"}
@@ -317,7 +357,7 @@ def runtime_env(stage_cfg: Any, schema: str = "npr", merge: str = "isolated") ->
 
 
 def ray_job_command(
-    stage_cfg: Any, overrides: list[str], job_id: str, schema: str = "npr", merge: str = "isolated"
+    stage_cfg: RLStageConfig, overrides: list[str], job_id: str, schema: str = "npr", merge: str = "isolated"
 ) -> list[str]:
     """``ray job submit`` argv running ``python -m verl.trainer.main_ppo <overrides>`` on the cluster; with
     ``verl.ray_address: null`` the driver as the stage runs it against the Ray head it starts itself
@@ -351,7 +391,7 @@ def ray_job_command(
 def write_launch_files(
     run_dir: Path,
     stage: str,
-    stage_cfg: Any,
+    stage_cfg: RLStageConfig,
     overrides: list[str],
     job_id: str,
     schema: str = "npr",
@@ -395,7 +435,7 @@ def compose_verl_config(overrides: list[str]) -> Any:
         return compose(config_name="ppo_trainer", overrides=overrides)
 
 
-def reward_settings(stage_cfg: Any, cfg: Any, schema: str | None = None) -> dict[str, Any]:
+def reward_settings(stage_cfg: RLStageConfig, cfg: VerlJobConfig, schema: str | None = None) -> dict[str, Any]:
     """What ``verl_reward.compute_score`` reads from each row's ``extra_info``: the stage's reward
     (``grading.REWARD_SECTIONS``), its values and the grading settings from params.yaml, and the schema."""
     grading = cfg.grading.model_dump(mode="json")
@@ -455,13 +495,13 @@ def write_verl_parquet(
     return len(rows)
 
 
-def job_inputs(stage: str, cfg: Any, model_path: Path | str | None = None) -> tuple[VerlRunInputs, Path]:
+def job_inputs(stage: str, cfg: VerlJobConfig, model_path: Path | str | None = None) -> tuple[VerlRunInputs, Path]:
     """The paths a stage's verl job reads and writes (run dir ``artifacts/<stage>/work/verl``)."""
     run_dir = Path(cfg.run.artifacts_dir) / stage / "work" / "verl"
     model = (
         model_path
         if model_path is not None
-        else Path(cfg.run.artifacts_dir) / getattr(cfg, stage).init_from / "model"
+        else Path(cfg.run.artifacts_dir) / rl_section(cfg, stage).init_from / "model"
     )
     inputs = VerlRunInputs(
         model_path=str(Path(model).resolve()),
@@ -472,11 +512,11 @@ def job_inputs(stage: str, cfg: Any, model_path: Path | str | None = None) -> tu
     return inputs, run_dir
 
 
-def stage_overrides(stage: str, cfg: Any, inputs: VerlRunInputs) -> list[str]:
+def stage_overrides(stage: str, cfg: VerlJobConfig, inputs: VerlRunInputs) -> list[str]:
     """``build_overrides`` with the pipeline-wide settings a job also needs (attention, W&B project)."""
     return build_overrides(
         stage,
-        getattr(cfg, stage),
+        rl_section(cfg, stage),
         inputs,
         cfg.tracking.project,
         attn_implementation=cfg.models.attn_implementation,
@@ -485,7 +525,7 @@ def stage_overrides(stage: str, cfg: Any, inputs: VerlRunInputs) -> list[str]:
 
 
 def check_prompt_lengths(
-    stage: str, stage_cfg: Any, prompts_cfg: Any, model_path: Path | str, problems: list[dict[str, Any]]
+    stage: str, stage_cfg: RLStageConfig, prompts_cfg: Any, model_path: Path | str, problems: list[dict[str, Any]]
 ) -> int:
     """The longest prompt of the job in tokens, as verl's agent loop renders it (our chat messages through
     the model's chat template); ConfigError when one exceeds ``<stage>.verl.max_prompt_length``.
@@ -528,7 +568,7 @@ def check_tag_tokens(stage: str, model_path: Path | str, schema: str) -> None:
 
 def prepare_launch(
     stage: str,
-    cfg: Any,
+    cfg: VerlJobConfig,
     model_path: Path,
     problems_dir: Path,
     run_dir: Path,
@@ -541,7 +581,7 @@ def prepare_launch(
     ones the local trainer evaluates on; the training split is ``problems_dir``'s, or ``train_problems``
     (a stage with its own data layer: pr1_rl)."""
     validate_job(stage, cfg)
-    stage_cfg = getattr(cfg, stage)
+    stage_cfg = rl_section(cfg, stage)
     style = stage_cfg.prompt_style
     run_dir = Path(run_dir)
     train = train_problems if train_problems is not None else read_shards(problems_dir, stem="train")
@@ -658,7 +698,7 @@ def _environment(values: dict[str, str], unset: tuple[str, ...] = ()) -> Iterato
                 os.environ[key] = old
 
 
-def _check_stage_settings(stage: str, stage_cfg: Any, cfg: Any) -> None:
+def _check_stage_settings(stage: str, stage_cfg: RLStageConfig, cfg: VerlJobConfig) -> None:
     """Our own cross-field rules of a verl job, checked before verl sees it (errors name our settings)."""
     v = stage_cfg.verl
     if stage_cfg.algorithm == "papo" and not native_parallel(stage_cfg):
@@ -715,7 +755,7 @@ def _check_stage_settings(stage: str, stage_cfg: Any, cfg: Any) -> None:
         )
 
 
-def validate_job(stage: str, cfg: Any) -> VerlJobCheck:
+def validate_job(stage: str, cfg: VerlJobConfig) -> VerlJobCheck:
     """Check that verl accepts ``stage``'s job, without a GPU; ConfigError (naming the setting) if not.
 
     Builds the launcher's overrides, composes them with the installed verl's ``ppo_trainer`` config, runs
@@ -725,11 +765,7 @@ def validate_job(stage: str, cfg: Any) -> VerlJobCheck:
     estimator in verl's registries, the actor engine class by vendor key (``EngineRegistry``, device cuda),
     the agent loop class, the reward manager class and the reward function file (loaded and called once).
     """
-    # a verl job is an RL section's (its type says so), whatever the stage is called
-    stage_cfg = getattr(cfg, stage, None)
-    if not isinstance(stage_cfg, RLStageConfig):
-        rl = [name for name in type(cfg).model_fields if isinstance(getattr(cfg, name), RLStageConfig)]
-        raise ConfigError(f"unknown RL stage {stage!r}; verl jobs exist for {', '.join(rl)}")
+    stage_cfg = rl_section(cfg, stage)
     _check_stage_settings(stage, stage_cfg, cfg)
     inputs, _ = job_inputs(stage, cfg)
     overrides = stage_overrides(stage, cfg, inputs)
@@ -908,10 +944,10 @@ def _resolve_sampler(stage: str, config: Any) -> str | None:
         ) from err
 
 
-def launch(stage: str, cfg: Any, dry_run: bool = False) -> int:
+def launch(stage: str, cfg: VerlJobConfig, dry_run: bool = False) -> int:
     """``npr verl launch STAGE [--dry-run] [--profile P]``: validate the verl job of an RL stage, print its
     settings and command, and (without ``dry_run``) write its inputs and submit it; returns the exit status."""
-    stage_cfg = getattr(cfg, stage)
+    stage_cfg = rl_section(cfg, stage)
     try:
         check = validate_job(stage, cfg)
     except ConfigError as err:

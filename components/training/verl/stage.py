@@ -31,8 +31,15 @@ import torch
 import yaml
 
 from components.artifacts import atomic_dir
+from components.training.config import VerlSettings
 from components.training.verl import ray_cluster, report
-from components.training.verl.launch import VERL_ENTRY_MODULE, prepare_launch, runtime_env
+from components.training.verl.launch import (
+    VERL_ENTRY_MODULE,
+    VerlJobConfig,
+    prepare_launch,
+    rl_section,
+    runtime_env,
+)
 
 CHECKPOINTS = "checkpoints"
 TRACKER_FILE = "latest_checkpointed_iteration.txt"  # verl's record of its newest checkpoint
@@ -48,7 +55,7 @@ class VerlJobError(RuntimeError):
     """verl's job failed; the message carries the end of its driver log."""
 
 
-def head_resources(v: Any) -> dict[str, int]:
+def head_resources(v: VerlSettings) -> dict[str, int]:
     """What a head the stage starts declares: the node's GPUs; on the CPU platform, one logical device
     slot per training rank (plugins.cpu_platform) and enough logical CPUs for verl's actors."""
     if v.device == "cpu":
@@ -114,7 +121,7 @@ def error_tail(log: Path, lines: int = ERROR_TAIL_LINES) -> str:
     return "\n".join(chunk[-lines:])
 
 
-def _placement(stage: str, v: Any, init_dir: Path, work_dir: Path) -> tuple[bool, Path, Path]:
+def _placement(stage: str, v: VerlSettings, init_dir: Path, work_dir: Path) -> tuple[bool, Path, Path]:
     """(inside a submitted job, run dir, starting model) for the two placements (ray_cluster)."""
     inside = ray_cluster.inside_submitted_job()
     if v.ray_address and not inside:
@@ -136,7 +143,7 @@ def _placement(stage: str, v: Any, init_dir: Path, work_dir: Path) -> tuple[bool
 
 def run_verl_stage(
     stage: str,
-    cfg: Any,
+    cfg: VerlJobConfig,
     init_dir: Path,
     problems_dir: Path,
     out_dir: Path,
@@ -144,7 +151,7 @@ def run_verl_stage(
     train_problems: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Train ``stage`` with verl's ``main_ppo`` and return its metrics (see the module docstring)."""
-    stage_cfg = getattr(cfg, stage)
+    stage_cfg = rl_section(cfg, stage)
     v = stage_cfg.verl
     inside, run_dir, init_dir = _placement(stage, v, Path(init_dir), Path(work_dir))
     _, overrides_file = prepare_launch(stage, cfg, init_dir, problems_dir, run_dir, train_problems=train_problems)
