@@ -353,5 +353,5 @@ def rl_section(cfg: StageSections, stage: str) -> RLStageConfig:
     section = cfg.section(stage)
     if not isinstance(section, RLStageConfig):
         rl = ", ".join(cfg.sections(RLStageConfig))
-        raise ConfigError(f"unknown RL stage {stage!r}; verl jobs exist for {rl}")
+        raise ConfigError(f"{stage!r} is not an RL stage; the RL stages are {rl}")
     return section
