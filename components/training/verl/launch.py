@@ -44,7 +44,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import yaml
-from pydantic import BaseModel
 
 from components.artifacts import read_shards
 from components.dag import stage_io
@@ -57,7 +56,7 @@ from components.settings import ConfigError
 from components.structure import TagIds
 from components.structure.errors import TagTokenError
 from components.structure.merge import MergeSemantics
-from components.training.config import RLStageConfig, rl_section
+from components.training.config import RLStageConfig, StageSections, rl_section
 from components.training.rl_objective import verl_names
 from components.training.verl.plugins.agent_loop import registered_agent_loop
 from components.training.verl.plugins.engine import NPRParallelEngine
@@ -108,10 +107,10 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-class VerlJobConfig(Protocol):
+class VerlJobConfig(StageSections, Protocol):
     """What a verl job reads of the pipeline's config. That is components.config.PipelineConfig, a floor
     above this package (it assembles this package's sections), so it is named here by what a job uses: the
-    stage's own section (``section``), the run's folders and seed, the model's attention, the prompts, the
+    stage's own section (``StageSections``), the run's folders and seed, the model's attention, the prompts, the
     grading settings its reward reads, the W&B project, and the schema and merge semantics it trains in."""
 
     profile: str
@@ -134,10 +133,6 @@ class VerlJobConfig(Protocol):
 
     @property
     def merge_semantics(self) -> MergeSemantics: ...
-
-    def section(self, stage: str) -> BaseModel | None: ...
-
-    def sections(self, kind: type[RLStageConfig]) -> dict[str, RLStageConfig]: ...
 
     def schema_of(self, stage: str) -> str: ...
 

@@ -31,15 +31,9 @@ import torch
 import yaml
 
 from components.artifacts import atomic_dir
-from components.training.config import VerlSettings
+from components.training.config import VerlSettings, rl_section
 from components.training.verl import ray_cluster, report
-from components.training.verl.launch import (
-    VERL_ENTRY_MODULE,
-    VerlJobConfig,
-    prepare_launch,
-    rl_section,
-    runtime_env,
-)
+from components.training.verl.launch import VERL_ENTRY_MODULE, VerlJobConfig, prepare_launch, runtime_env
 
 CHECKPOINTS = "checkpoints"
 TRACKER_FILE = "latest_checkpointed_iteration.txt"  # verl's record of its newest checkpoint
@@ -92,13 +86,10 @@ def rewind_to_reported(run_dir: Path) -> int | None:
     run_dir = Path(run_dir)
     newest = latest_checkpoint_step(run_dir)
     logged = set(report.verl_steps(run_dir))
-    resume = None
-    for checkpoint in checkpoint_dirs(run_dir):
-        step = _step_of(checkpoint)
-        if newest is not None and step <= newest and step in logged:
-            resume = step
-    for checkpoint in checkpoint_dirs(run_dir):
-        if resume is None or _step_of(checkpoint) > resume:
+    saved = {_step_of(d): d for d in checkpoint_dirs(run_dir)}
+    resume = max((s for s in saved if newest is not None and s <= newest and s in logged), default=None)
+    for step, checkpoint in saved.items():
+        if resume is None or step > resume:
             shutil.rmtree(checkpoint)
     tracker = run_dir / CHECKPOINTS / TRACKER_FILE
     if resume is None:
