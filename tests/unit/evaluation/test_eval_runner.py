@@ -139,3 +139,28 @@ def test_the_speedup_decode_counts_each_modes_fastest_repeat_of_each_batch(monke
 def test_the_speedup_decode_repeats_a_batch_at_least_once():
     with pytest.raises(Exception, match="repeats"):
         load_config(profile="tiny", overrides=["evaluate.speedup.repeats=0"])
+
+
+@pytest.mark.parametrize("mode", ["parallel", "sequential"])
+def test_a_repeated_speedup_decode_samples_the_same_tokens(mode):
+    """The fastest-of-N rule compares decodes of the same tokens: the engine seeds each request, so decoding
+    a batch again (as ``speedup.repeats`` does) samples exactly what the first decode sampled."""
+    from components.models.tiny import tiny_test_world
+
+    model, tokenizer = tiny_test_world(seed=0)
+    cwd = os.getcwd()
+    os.chdir(REPO)
+    try:
+        cfg = load_config(profile="tiny", overrides=["evaluate.generation.max_new_tokens=24"])
+        prompts = [
+            runner.render_prompt(tokenizer, p["problem"], cfg.prompts, "parallel")
+            for p in generate_problems(2, 5, None)
+        ]
+        gen_cfg = runner.generation_config(cfg.evaluate, mode).model_copy(update={"batch_size": 2})
+        tags = runner._tags_for(tokenizer, cfg.schema_name, mode)
+        first, _ = runner._decode(model, tokenizer, tags, prompts, gen_cfg)
+        again, _ = runner._decode(model, tokenizer, tags, prompts, gen_cfg)
+    finally:
+        os.chdir(cwd)
+    assert [g.token_ids for g in first] == [g.token_ids for g in again]
+    assert sum(g.total_tokens for g in first) > 0
