@@ -54,7 +54,7 @@ ARMS: dict[str, list[str]] = {
 
 def _npr(work: Path, args: list[str], sets: list[str], log: Path) -> float:
     """Run ``npr ARGS --set ...`` in ``work``; raise with the log's tail on failure; return the wall time."""
-    cmd = [sys.executable, "-m", "components.cli", *args]
+    cmd = [str(Path(sys.executable).parent / "npr"), *args]  # the console script beside this interpreter
     for s in sets:
         cmd += ["--set", s]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"}

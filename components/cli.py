@@ -576,7 +576,3 @@ def main() -> None:
     apply_defaults()
     configure_logging()
     app()
-
-
-if __name__ == "__main__":
-    main()

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import BaseModel, ValidationError, model_validator
 
 from components.data.config import SampleOrzConfig
 from components.engine.config import DistillConfig, RejectFilterConfig
@@ -25,7 +25,8 @@ from components.evaluation.config import EvaluateConfig, NightlyConfig
 from components.grading.config import GradingConfig
 from components.models.config import ModelsConfig, SeedConfig
 from components.ops.config import OrchestrationConfig, StorageConfig, TrackingConfig
-from components.settings import ConfigError, StrictModel, load_yaml_text
+from components.prompts import PromptConfig
+from components.settings import ConfigError, RunConfig, StrictModel, load_yaml_text
 from components.structure.merge import MergeSemantics
 from components.training.config import (
     ParallelR1Config,
@@ -41,35 +42,6 @@ PREFECT_FILE = Path("prefect.yaml")
 GPU_STAGE_DEPLOYMENT = "npr-stage"  # the deployment gpu stages are dispatched to (flows/pipeline.py)
 
 SectionT = TypeVar("SectionT", bound=BaseModel)
-
-
-class RunConfig(StrictModel):
-    """Settings shared by all stages of one pipeline run."""
-
-    seed: int = Field(0, ge=0)
-    device: Literal["cpu", "cuda", "auto"] = "cpu"
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    # Compute precision of the local trainers' forward and backward (SFT, RL updates; verl has its own) over
-    # float32 weights: bfloat16 autocast keeps fp32 weights, gradients and AdamW
-    # (components.training.precision). On this machine's AVX512-BF16 cores it ran an SFT step 1.37x
-    # (parallel) / 1.53x (causal) faster at one thread, the loss within 2e-5 (benchmarks/bench_sft.py).
-    # Generation (the engine) stays in the model's dtype. null = the weights' own dtype throughout.
-    autocast: Literal["bfloat16"] | None = None
-    torch_threads: int = Field(2, ge=1, le=256)
-    artifacts_dir: str = "artifacts"
-
-
-class PromptConfig(StrictModel):
-    """The instruction files (ours, versioned) and how they are joined to a problem."""
-
-    parallel_instruction: str = "prompts/npr_parallel_v1.txt"
-    sequential_instruction: str = "prompts/sequential_v1.txt"
-    # The Parallel-R1 recipe's instruction (pr1_coldstart, pr1_rl and their checkpoints in evaluate).
-    parallel_r1_instruction: str = "prompts/pr1_parallel_v1.txt"
-    # Separator between the problem text and the instruction inside the user turn.
-    separator: str = "\n\n"
-    system_prompt: str | None = None
-    enable_thinking: bool = False
 
 
 class PipelineConfig(StrictModel):
@@ -338,6 +310,21 @@ def _merge_problems(cfg: PipelineConfig) -> list[str]:
     ]
 
 
+def _evaluate_name_problems(cfg: PipelineConfig) -> list[str]:
+    """``evaluate``'s per-checkpoint keys may name a model stage left out of this run's checkpoints (narrowed
+    with -S), not a name that is no stage's (a typo)."""
+    known = set(cfg.evaluate.checkpoints) | set(model_stages())
+    named = {
+        "evaluate.prompt_style_overrides": cfg.evaluate.prompt_style_overrides,
+        "evaluate.speedup.checkpoints": cfg.evaluate.speedup.checkpoints or (),
+    }
+    return [
+        f"{key} {unknown} name neither a checkpoint nor a model stage"
+        for key, names in named.items()
+        if (unknown := sorted(set(names) - known))
+    ]
+
+
 def cross_field_problems(cfg: PipelineConfig) -> list[str]:
     """Rules that tie keys together, each problem naming its keys (empty when the config is consistent)."""
     problems = []
@@ -362,6 +349,7 @@ def cross_field_problems(cfg: PipelineConfig) -> list[str]:
         if sc.engine_mode == "parallel" and not sc.structural_filter:
             problems.append(f"{stage}.engine_mode 'parallel' needs {stage}.structural_filter: true")
     problems += _merge_problems(cfg)
+    problems += _evaluate_name_problems(cfg)
     # verl's own rules (GPU counts, batch splits, tensor parallelism) are checked by running verl's
     # validation on the job (components.training.verl.launch.validate_job), not re-implemented here
     return problems

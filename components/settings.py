@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import re
 import typing
-from typing import Any
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from components.errors import UserError
 
@@ -38,6 +38,22 @@ class StrictModel(BaseModel):
         if isinstance(value, list) and field is not None and _is_tuple(field.annotation):
             return tuple(value)
         return value
+
+
+class RunConfig(StrictModel):
+    """Settings shared by all stages of one pipeline run."""
+
+    seed: int = Field(0, ge=0)
+    device: Literal["cpu", "cuda", "auto"] = "cpu"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    # Compute precision of the local trainers' forward and backward (SFT, RL updates; verl has its own) over
+    # float32 weights: bfloat16 autocast keeps fp32 weights, gradients and AdamW
+    # (components.training.precision). On this machine's AVX512-BF16 cores it ran an SFT step 1.37x
+    # (parallel) / 1.53x (causal) faster at one thread, the loss within 2e-5 (benchmarks/bench_sft.py).
+    # Generation (the engine) stays in the model's dtype. null = the weights' own dtype throughout.
+    autocast: Literal["bfloat16"] | None = None
+    torch_threads: int = Field(2, ge=1, le=256)
+    artifacts_dir: str = "artifacts"
 
 
 class ConfigError(UserError, ValueError):

@@ -17,6 +17,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from components.errors import UserError
+from components.models.config import ModelsConfig
+from components.settings import RunConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -25,12 +27,12 @@ class ModelLoadError(UserError, RuntimeError):
     """The model or tokenizer could not be loaded; says from where and why."""
 
 
-def resolve_dtype(run_cfg: Any) -> torch.dtype:
+def resolve_dtype(run_cfg: RunConfig) -> torch.dtype:
     """``run.dtype`` as a torch dtype."""
     return DTYPES[run_cfg.dtype]
 
 
-def resolve_device(run_cfg: Any) -> torch.device:
+def resolve_device(run_cfg: RunConfig) -> torch.device:
     """``run.device``; ``auto`` picks CUDA when present. Asking for CUDA on a machine without it raises."""
     if run_cfg.device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -58,7 +60,7 @@ def load_tokenizer(path_or_name: str | Path) -> Any:
 
 
 def load_model(
-    path_or_name: str | Path, models_cfg: Any, run_cfg: Any, for_training: bool = False
+    path_or_name: str | Path, models_cfg: ModelsConfig, run_cfg: RunConfig, for_training: bool = False
 ) -> tuple[PreTrainedModel, Any]:
     """Load ``(model, tokenizer)`` from a local HF directory or a hub id.
 

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from components.engine.backends.sglang_client import auth_headers
+from components.engine.config import GenerationConfig
 from components.ops.launch import LaunchSpecError, load_spec, sglang_server_command, with_isolated_merge
 
 STOP_GRACE_S = 30.0
@@ -55,7 +56,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def server_spec(
-    gen_cfg: Any, model_dir: Path | str, port: int, spec_path: Path | str | None = None
+    gen_cfg: GenerationConfig, model_dir: Path | str, port: int, spec_path: Path | str | None = None
 ) -> dict[str, Any]:
     """The spec of a stage-launched server: the file, ``server_args`` overrides, this model, 127.0.0.1, and
     with ``generation.sglang_isolated_merge`` the EXPERIMENTAL plugin's settings (``with_isolated_merge``)."""
@@ -72,7 +73,7 @@ def server_spec(
     return spec
 
 
-def spec_context_length(gen_cfg: Any, spec_path: Path | str | None = None) -> int | None:
+def spec_context_length(gen_cfg: GenerationConfig, spec_path: Path | str | None = None) -> int | None:
     """The context length a launched server will have (``server_args`` first, then the spec file)."""
     if "context_length" in gen_cfg.server_args:
         return int(gen_cfg.server_args["context_length"])
@@ -206,7 +207,7 @@ def _sigterm_unwinds() -> Iterator[None]:
 @contextmanager
 def launched(
     model_dir: Path | str,
-    gen_cfg: Any,
+    gen_cfg: GenerationConfig,
     log_dir: Path | str,
     spec_path: Path | str | None = None,
     env: dict[str, str] | None = None,
@@ -253,7 +254,7 @@ def attached(url: str, model_dir: Path | str, timeout_s: float = 30.0) -> Iterat
 
 
 @contextmanager
-def serving(model_dir: Path | str, gen_cfg: Any, log_dir: Path | str) -> Iterator[Any]:
+def serving(model_dir: Path | str, gen_cfg: GenerationConfig, log_dir: Path | str) -> Iterator[Any]:
     """A ``GenerationConfig`` whose ``server_url`` serves ``model_dir`` for the duration of the block."""
     if gen_cfg.server == "attach":
         with attached(gen_cfg.server_url, model_dir, gen_cfg.server_start_timeout_s) as url:
@@ -263,7 +264,7 @@ def serving(model_dir: Path | str, gen_cfg: Any, log_dir: Path | str) -> Iterato
             yield gen_cfg.model_copy(update={"server_url": url})
 
 
-def context_length_for(gen_cfg: Any) -> int | None:
+def context_length_for(gen_cfg: GenerationConfig) -> int | None:
     """The context length requests will meet: the spec's for a launched server, the server's for attach."""
     if gen_cfg.server == "attach":
         return server_context_length(gen_cfg.server_url.rstrip("/"))

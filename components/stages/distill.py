@@ -32,9 +32,10 @@ from components.config import PipelineConfig
 from components.dag import StageIO
 from components.data.acceptance import accepted_problem_prefix
 from components.engine import generate
+from components.engine.config import GenerationConfig
 from components.grading.judge import judge_many
 from components.progress import track
-from components.prompts import render_prompt
+from components.prompts import PromptConfig, render_prompt
 from components.structure import TagIds
 
 WORK_DIR_NAME = "work"
@@ -92,7 +93,7 @@ def _decode_chunks(
     model: Any,
     tokenizer: Any,
     tags: Any,
-    gen_cfg: Any,
+    gen_cfg: GenerationConfig,
     work: Path,
 ) -> DecodeStats:
     """Decode and grade every chunk not already in ``work``, in order, until ``distill.target_accepted``
@@ -155,7 +156,7 @@ def _decode_chunks(
     return DecodeStats(records, read, resumed, generated_tokens, gen_seconds)
 
 
-def longest_prompt_tokens(tokenizer: Any, problems: list[dict[str, Any]], prompts_cfg: Any) -> int:
+def longest_prompt_tokens(tokenizer: Any, problems: list[dict[str, Any]], prompts_cfg: PromptConfig) -> int:
     """Tokens of the longest rendered prompt (checked against the server's context length up front)."""
     return max(
         len(

@@ -1,7 +1,7 @@
 """Multi-process SFT with FSDP (torch's ``fully_shard``), launched by ``torchrun``; a no-op in one process.
 
-``torchrun --nproc_per_node=N -m components.cli stage parallel_warmup`` (or ``npr stage ...`` through
-torchrun's ``--no-python``) sets ``WORLD_SIZE``/``RANK``; ``DistContext.from_env`` then joins the process
+``torchrun --nproc_per_node=N --no-python npr stage parallel_warmup`` (what ``npr stage`` runs itself as when
+the stage's ``nproc_per_node`` > 1) sets ``WORLD_SIZE``/``RANK``; ``DistContext.from_env`` then joins the process
 group (NCCL on CUDA, gloo on CPU, so the same path is tested on CPU) and ``shard_model`` shards every
 decoder layer and the root module, which holds the (possibly tied) embeddings.
 

@@ -40,7 +40,7 @@ import torch
 import yaml
 from pydantic import BaseModel
 
-from components.engine.config import DistillConfig
+from components.engine.config import DistillConfig, GenerationConfig
 from components.evaluation.config import EvaluateConfig
 from components.models.config import ModelsConfig, SeedConfig
 from components.ops.config import GpuSpec, OrchestrationConfig
@@ -491,7 +491,7 @@ def _verl_plans(
     return [actor, rollout]
 
 
-def sglang_spec(generation: Any) -> dict[str, Any]:
+def sglang_spec(generation: GenerationConfig) -> dict[str, Any]:
     """The SGLang server spec a decode stage launches (engine-controller: ``generation.server_spec``)."""
     path = Path(getattr(generation, "server_spec", DEFAULT_SGLANG_SPEC))
     return yaml.safe_load(path.read_text()) if path.exists() else {}

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from components.config import RunConfig
 from components.models.config import ModelsConfig
 from components.models.loading import ModelLoadError, load_model, save_model
+from components.settings import RunConfig
 
 
 def test_round_trip_identical_logits(world, tmp_path):

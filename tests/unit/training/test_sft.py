@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from components.config import PromptConfig
 from components.data import synthetic
+from components.prompts import PromptConfig
 from components.structure import TagIds
 from components.training.sft import SFTSettings, token_nll, train_sft
 from components.training.sft_data import collate, encode_example, parents_from_mask, prepare_examples
