@@ -16,7 +16,7 @@ Qwen3 of the same proportions in fp32), through the project's own code:
   ``<guideline>`` of three plans: the engine forks at ``</guideline>`` and merges at ``<takeaway>``); the
   log-probs it recorded against the trainer's teacher forcing (``rl_batch.build_policy_batch`` +
   ``response_log_probs``): mean, p99 and max of the absolute difference over the post-merge tokens
-  (``Generation.post_merge_mask``), the pre-merge ones in the note. Three rows: merge_mode ``shared_kv``
+  (``components.structure.post_merge_mask``), the pre-merge ones in the note. Three rows: merge_mode ``shared_kv``
   against the trainer's ``isolated`` semantics (exact), ``reprefill`` against ``isolated`` (off after the
   merge: the contrast) and ``reprefill`` against ``reread`` (exact). The random model never closes its
   ``<takeaway>``; a closing tag is appended after the last compared token (causal: it changes none).
@@ -301,6 +301,7 @@ def exact_merge_rows(model, tok, tags, batch: int, new_tokens: int, micro: int =
     branches re-read as one sequential text, what a stock server does) disagrees with it after the merge,
     and must agree with the trainer's ``reread`` semantics (``components.structure.merge``).
     """
+    from components.structure import post_merge_mask
     from components.training.rl_batch import build_policy_batch, response_log_probs, structural_rejection
 
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
@@ -320,7 +321,11 @@ def exact_merge_rows(model, tok, tags, batch: int, new_tokens: int, micro: int =
                 kept.append((g, r))
         gens, rollouts = [g for g, _ in kept], [r for _, r in kept]
         forked = sum(g.parallel_taken for g in gens)
-        post_tokens = sum(sum(g.post_merge_mask) for g in gens)
+        masks = [
+            torch.from_numpy(post_merge_mask(r.prompt_ids + r.response_ids, tags, len(r.prompt_ids))[: len(g.token_ids)])
+            for g, r in kept
+        ]
+        post_tokens = sum(int(m.sum()) for m in masks)
         for semantic in semantics:
             what = f"exact merge: engine {merge_mode} vs trainer {semantic}, post-merge abs Δlogp"
             post, pre = [], []
@@ -331,7 +336,7 @@ def exact_merge_rows(model, tok, tags, batch: int, new_tokens: int, micro: int =
                     for b, g in enumerate(gens[i : i + micro]):
                         n = len(g.token_ids)
                         diff = (lp[b, :n].float().cpu() - torch.tensor(g.logprobs, dtype=torch.float32)).abs()
-                        mask = torch.tensor(g.post_merge_mask, dtype=torch.bool)
+                        mask = masks[i + b]
                         post.append(diff[mask])
                         pre.append(diff[~mask])
             rows.append(

@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.console import Console
+from rich.table import Table
 from typer.core import TyperGroup
 
 from components.env import apply_defaults
@@ -107,9 +109,6 @@ def config_check(
 ) -> None:
     """Every static check of a profile: validation splits, memory plan per stage and GPU, context
     lengths, GPU counts per stage, Ray placement. Exits 1 when any check fails."""
-    from rich.console import Console
-    from rich.table import Table
-
     from components.config_check import check_profile  # lazy: torch
 
     cfg = _load(profile, set_)

@@ -122,7 +122,7 @@ PIN_LINE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)\s*(?:;\s*([^\
 
 def read_pins(path: Path, applicable_only: bool = True) -> dict[str, str]:
     """``{normalized name: version}`` of a lock; by default only the lines whose marker holds here."""
-    from packaging.markers import Marker
+    from packaging.markers import Marker  # lazy: packaging
 
     pins: dict[str, str] = {}
     for line in path.read_text().splitlines():
@@ -168,7 +168,7 @@ def installed() -> dict[str, str]:
 def differences(pins: dict[str, str], have: dict[str, str]) -> list[str]:
     """Locked packages missing here or at another version (``==2.11.0`` accepts a local ``+cu130`` build, as
     pip does; ``==2.13.0+cpu`` accepts only that build)."""
-    from packaging.specifiers import Specifier
+    from packaging.specifiers import Specifier  # lazy: packaging
 
     out = []
     for name, version in sorted(pins.items()):

@@ -23,6 +23,18 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Literal, TextIO
 
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+
 MODE_ENV = "NPR_PROGRESS"
 Mode = Literal["tty", "plain", "off"]
 Level = Literal["step", "detail"]
@@ -39,7 +51,6 @@ def progress_mode(stream: TextIO | None = None) -> Mode:
     forced = os.environ.get(MODE_ENV, "").strip().lower()
     if forced in ("tty", "plain", "off"):
         return forced  # type: ignore[return-value]
-    from rich.console import Console
 
     console = Console(file=stream or _stream())
     return "tty" if console.is_terminal and not console.is_dumb_terminal else "plain"
@@ -122,17 +133,6 @@ def track(
     mode = progress_mode()
     task = Task(description, total, unit, level, mode, eta)
     if mode == "tty":
-        from rich.console import Console
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            SpinnerColumn,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
-
         columns = [SpinnerColumn(), TextColumn("{task.description}")]
         if total:
             columns += [BarColumn(), MofNCompleteColumn(), *([TimeRemainingColumn()] if eta else [])]
@@ -166,9 +166,6 @@ def print_table(
 ) -> None:
     """A short table on stdout: ``{metric: value}`` as two columns, or a list of rows with shared keys;
     ``note`` is a line printed under it (e.g. where the full record is)."""
-    from rich.console import Console
-    from rich.table import Table
-
     table = Table(title=title, title_justify="left", show_edge=False)
     if isinstance(rows, Mapping):
         table.add_column("metric")

@@ -283,8 +283,6 @@ def promote(profile: str, checkpoint: str, force: bool = False, command: str | N
             outcome["compared_with"] = f"{previous.checkpoint_hash}: {gate.verdict}"
             outcome["candidate_failures"] = [f"{c.benchmark}/{c.metric}: {c.reason}" for c in gate.failures()]
             if gate.verdict == "fail" and not force:
-                from components.evaluation.alerts import deliver_alert
-
                 title = f"nightly promote {cfg.profile}/{ckpt.name}: FAIL (candidate regresses vs {target})"
                 alert = deliver_alert(
                     cfg.nightly,

@@ -46,6 +46,8 @@ from flows.stage import (
     ensure_profile,
     execute_stage,
     lock_entries,
+    restore_from_run_cache,
+    stage_metrics,
 )
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -140,9 +142,7 @@ def _run_stage(
 ) -> dict[str, Any]:
     cfg = load_config()
     if gpu:
-        from prefect.deployments import run_deployment
-
-        from flows.stage import restore_from_run_cache, stage_metrics
+        from prefect.deployments import run_deployment  # lazy: prefect
 
         run = run_deployment(
             name=NPR_STAGE_DEPLOYMENT,

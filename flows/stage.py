@@ -24,6 +24,8 @@ from typing import Any
 
 import yaml
 from prefect import flow, get_run_logger
+from prefect.artifacts import create_progress_artifact, update_progress_artifact
+from prefect.context import TaskRunContext
 
 from components import storage
 from components.config import PARAMS_FILE, PipelineConfig, load_config, materialise_profile, validate_config
@@ -101,8 +103,6 @@ class StageProgress:
 
     def __init__(self, stage: str) -> None:
         self.stage, self.artifact_id = stage, None
-        from prefect.context import TaskRunContext
-
         self.active = TaskRunContext.get() is not None
 
     def __call__(self, line: str) -> None:
@@ -111,7 +111,6 @@ class StageProgress:
         match = _PROGRESS_LINE.match(line)
         if match is None and not _DONE_LINE.match(line):
             return
-        from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
         pct, what = (float(match["pct"]) if match else 100.0), line[:200]
         try:

@@ -35,7 +35,7 @@ def generate(
     if cfg.mode == "parallel" and tags is None:
         raise ValueError("mode='parallel' needs the tag ids (tags=TagIds.from_tokenizer(...))")
     if cfg.backend == "sglang":
-        from components.engine.backends.sglang_client import generate_sglang
+        from components.engine.backends.sglang_client import generate_sglang  # lazy: httpx
 
         return generate_sglang(tokenizer, prompts, cfg, tags, response_prefixes)
     from components.engine.backends.torch_backend import generate_torch  # lazy: transformers

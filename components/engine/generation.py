@@ -61,7 +61,8 @@ class Generation:
     the branches' own KV, seen through the parallel mask at the canonical positions: exact) or
     ``reprefill`` (a server without a parallel mask: the branches re-read as one sequential text, so every
     token after the first merge was sampled from a slightly different context than the trainer's;
-    ``post_merge_mask`` marks them, and a trainer corrects them with a truncated importance weight).
+    ``components.structure.post_merge_mask`` marks them, and a trainer corrects them with a truncated
+    importance weight).
     ``position_ids`` are always the canonical (trainer's) positions.
     """
 
@@ -93,18 +94,6 @@ class Generation:
     def critical_path_tokens(self) -> int:
         """Tokens on the longest dependency chain: the decode steps an ideal parallel engine needs."""
         return self.total_tokens - sum(b.saved_tokens for b in self.blocks)
-
-    @property
-    def post_merge_mask(self) -> list[bool]:
-        """True for the tokens from the first merged block of two or more branches on (its ``<takeaway>``
-        and after): the tokens a ``reprefill`` backend sampled from re-read branches (exact in
-        ``shared_kv`` mode). A one-branch block re-reads exactly (same visibility and positions), so it
-        does not count; the trainer's rule is the same (``components.training.papo.post_merge_mask``)."""
-        first = next((b for b in self.blocks if b.merged and b.n_branches >= 2), None)
-        if first is None:
-            return [False] * len(self.token_ids)
-        end = first.start + sum(first.branch_tokens)
-        return [i >= end for i in range(len(self.token_ids))]
 
     @property
     def merge_semantics(self) -> MergeSemantics:

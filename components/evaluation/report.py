@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from components.evaluation.recipe import recipe_markdown
 from components.settings import ConfigError
 from components.tracking import TrackedConfig, stage_run
 
@@ -190,8 +191,6 @@ def render_report(eval_metrics: Mapping[str, Any], title: str, images: Sequence[
     if s.get("scale_note"):
         parts += ["## What this run can show", "", s["scale_note"].strip(), ""]
     if eval_metrics.get("recipe"):
-        from components.evaluation.recipe import recipe_markdown
-
         parts += ["## Recipe (the paper's comparison)", "", recipe_markdown(eval_metrics["recipe"]), ""]
     parts += [
         "## Accuracy",

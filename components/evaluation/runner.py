@@ -635,7 +635,7 @@ def _evaluate_one(
         progress.advance(units)
         return
     if served:
-        from components.ops.sglang_server import serving
+        from components.ops.sglang_server import serving  # lazy: httpx
 
         model, tokenizer = None, load_tokenizer(ckpt.path)
         log_dir = (

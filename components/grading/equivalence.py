@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
+from components.grading import verify_pool
 from components.grading.answers import _extract
 from components.grading.config import GradingConfig
 from components.grading.normalize import (
@@ -293,10 +294,9 @@ def grade_many_verdicts(
 
     slow: dict[tuple[str, str], Verdict] = {}
     if to_verify:
-        from components.grading.verify_pool import get_pool  # no pool (or math-verify) until needed
-
         keys = list(to_verify)
-        pool = get_pool(cfg.workers, cfg.pool_start_timeout_s)
+        # through the module (not a name bound at import), so a test can refuse the pool with monkeypatch
+        pool = verify_pool.get_pool(cfg.workers, cfg.pool_start_timeout_s)
         for key, (equal, reason) in zip(keys, pool.verify(keys, cfg.timeout_s, cfg.chunk_size), strict=True):
             if reason is None:
                 slow[key] = Verdict(equal, "math_verify")

@@ -17,6 +17,8 @@ import os
 import signal
 from typing import Any
 
+from components.grading.symbolic import symbolic_equal
+
 # (equal, reason): reason is None for an ordinary verdict, else why the pair could not be graded.
 PairResult = tuple[bool, str | None]
 
@@ -31,8 +33,8 @@ def _on_alarm(signum: int, frame: Any) -> None:
 
 def init_worker() -> None:
     """Pool initializer: import math-verify once and silence its 'timeout disabled' warning."""
-    import math_verify  # noqa: F401 - warm import so the first task does not pay for it
-    import sympy.parsing.sympy_parser  # noqa: F401 - the symbolic fallback's plain-notation parser
+    import math_verify  # noqa: F401  # lazy: math_verify (a warm import, so the first task does not pay for it)
+    import sympy.parsing.sympy_parser  # noqa: F401  # lazy: sympy (the symbolic fallback's plain-notation parser)
 
     logging.getLogger("math_verify").setLevel(logging.ERROR)
     signal.signal(signal.SIGALRM, _on_alarm)
@@ -58,8 +60,6 @@ def verify_pair(gold: str, pred: str, timeout_s: float) -> PairResult:
         equal = bool(verify(gold_parsed, pred_parsed, timeout_seconds=None))
         if not equal:
             # What math-verify misses (plain/CAS notation, identities): only ever turns False into True.
-            from components.grading.symbolic import symbolic_equal
-
             equal = bool(symbolic_equal(gold, pred))
     except PairDeadline:
         return False, f"timeout after {timeout_s:g}s"

@@ -186,7 +186,11 @@ def run(cfg: PipelineConfig, io: StageIO) -> dict[str, Any]:
     work = out_dir.parent / WORK_DIR_NAME
     work.mkdir(parents=True, exist_ok=True)  # stamped and reset on any change by components.stages.run_stage
     if served:
-        from components.ops.sglang_server import check_context_length, context_length_for, serving
+        from components.ops.sglang_server import (  # lazy: httpx
+            check_context_length,
+            context_length_for,
+            serving,
+        )
 
         longest = longest_prompt_tokens(tokenizer, problems, cfg.prompts)
         check_context_length(context_length_for(gen_cfg), longest, gen_cfg.max_new_tokens, "distill")

@@ -22,6 +22,7 @@ from components.structure.merge import (
     lay_out,
     lay_out_row,
     merge_attention_inputs,
+    post_merge_mask,
 )
 from components.structure.metrics import TraceMetrics, trace_metrics
 from components.structure.normalize import LayoutResult, normalize_layout, normalize_layout_result
@@ -50,6 +51,7 @@ __all__ = [
     "lay_out",
     "lay_out_row",
     "merge_attention_inputs",
+    "post_merge_mask",
     "MIN_SCORE",
     "MULTIVERSE",
     "NPR",

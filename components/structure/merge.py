@@ -224,3 +224,29 @@ def merge_attention_inputs(
     """
     laid = lay_out([input_ids], tags, [start], merge)
     return laid.input_ids[0], laid.segments.dense_mask()[0, 0], laid.position_ids[0], laid.index[0]
+
+
+def post_merge_mask(input_ids: Sequence[int] | np.ndarray | torch.Tensor, tags: TagIds, start: int) -> np.ndarray:
+    """bool ``[L - start]``: True for response tokens from the first merge of a multi-branch block on.
+
+    The one post-merge rule: the tokens a ``reprefill`` backend sampled from re-read branches (exact in
+    ``shared_kv`` mode), which a trainer corrects with a truncated importance weight
+    (``components.training.papo.post_merge_is_weights``).
+
+    Args:
+        input_ids: ``prompt + response`` ids of one sample (list, numpy array or 1-D tensor).
+        tags: the schema's ``components.structure.TagIds``.
+        start: the response's first index (the prompt length).
+
+    The merge tag itself (``<takeaway>``) is included: it is predicted from the merged context. A block with
+    one step merges exactly (its step sees what a sequential decoder sees, at the same positions), so only
+    blocks with two or more steps count. Raises ``StructureError`` for a malformed response, as the mask
+    builder does (filter first).
+    """
+    ids = np.asarray(input_ids.tolist() if hasattr(input_ids, "tolist") else input_ids, dtype=np.int64)
+    trace = parse_ids(ids, tags, start=start, strict=True, check_content=False)
+    out = np.zeros(int(ids.size) - start, dtype=bool)
+    merges = [blk.merge for blk in trace.all_blocks() if blk.branches >= 2]
+    if merges:
+        out[min(merges) - start :] = True
+    return out

@@ -32,7 +32,7 @@ import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
 
 from components.artifacts import atomic_dir
-from components.training.distributed import DistContext
+from components.training.distributed import DistContext, full_state, load_full_state
 
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d{8})$")
 FILES = ("model.safetensors", "optimizer.pt", "scheduler.pt", "rng.pt", "state.json")
@@ -89,8 +89,6 @@ def save_checkpoint(
     dest = checkpoint_dir(work_dir, state.step)
     sharded = ctx is not None and ctx.active
     if sharded:
-        from components.training.distributed import full_state
-
         model_state, optim_state = full_state(model, optimizer)
         if not ctx.is_main:
             return dest
@@ -147,8 +145,6 @@ def load_checkpoint(
             f"(this process is {'FSDP' if sharded else 'single-process'})"
         )
     if sharded:
-        from components.training.distributed import load_full_state
-
         model_state, optim_state = {}, {}
         if ctx.is_main:
             model_state = _tied(model, load_file(str(path / "model.safetensors")))

@@ -101,7 +101,7 @@ def shard_model(model: torch.nn.Module, ctx: DistContext) -> torch.nn.Module:
     """
     if not ctx.active:
         return model
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # lazy: fsdp
 
     layers = getattr(getattr(model, "model", None), "layers", None)
     if layers is None:
@@ -120,7 +120,7 @@ def shard_model(model: torch.nn.Module, ctx: DistContext) -> torch.nn.Module:
 
 
 def _options(**kwargs: Any) -> Any:
-    from torch.distributed.checkpoint.state_dict import StateDictOptions
+    from torch.distributed.checkpoint.state_dict import StateDictOptions  # lazy: fsdp
 
     return StateDictOptions(full_state_dict=True, cpu_offload=True, **kwargs)
 
@@ -132,7 +132,7 @@ def full_model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     A tied output head is left out, as ``save_pretrained`` leaves it out of an unsharded model (gathered,
     the two names hold separate copies, which it would otherwise write twice).
     """
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict  # lazy: fsdp
 
     state = get_model_state_dict(model, options=_options())
     if getattr(getattr(model, "config", None), "tie_word_embeddings", False):
@@ -145,7 +145,10 @@ def full_model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
     """Unsharded model and optimizer state dicts on rank 0 (empty dicts elsewhere); collective call."""
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import (  # lazy: fsdp
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
 
     return (
         get_model_state_dict(model, options=_options()),
@@ -160,7 +163,10 @@ def load_full_state(
     optim_state: dict | None,
 ) -> None:
     """Broadcast rank 0's unsharded states into the shards; collective call (other ranks pass ``{}``)."""
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import (  # lazy: fsdp
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
 
     set_model_state_dict(model, model_state, options=_options(broadcast_from_rank0=True))
     if optimizer is not None:

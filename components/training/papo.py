@@ -11,14 +11,15 @@ Importing this module registers, through verl's own registries:
   standard deviation of the whole batch's rewards, computed once. The public NPR code recomputes that std
   inside its loop over a partly normalised vector (npr-reference.md §1.7); this is the clean form.
 
-The re-prefill correction (``post_merge_mask``, ``post_merge_is_weights``). A backend that cannot merge
-branches into one KV cache (a stock SGLang server, verl's ``server_manager``) continues after a block by
-re-prefilling ``prefix + branch_1 + ... + branch_k``: later branches then see earlier ones at sequential
-positions, so every token from the first merge of a multi-branch block on was sampled from a context the
-trainer (canonical mask and positions) does not reproduce. Those tokens get verl's token-level truncated
-importance weight ``min(exp(sg(logπ) - logπ_rollout), C)`` (TIS, ``rollout_is_threshold`` = C) as
-``rollout_is_weights`` of the loss; tokens before that merge (the plans and the first block's branches)
-were sampled exactly and keep weight 1. Their log-prob mismatch is reported separately (it should be ~0).
+The re-prefill correction (``post_merge_is_weights``, on the tokens ``components.structure.post_merge_mask``
+marks). A backend that cannot merge branches into one KV cache (a stock SGLang server, verl's
+``server_manager``) continues after a block by re-prefilling ``prefix + branch_1 + ... + branch_k``: later
+branches then see earlier ones at sequential positions, so every token from the first merge of a multi-branch
+block on was sampled from a context the trainer (canonical mask and positions) does not reproduce. Those
+tokens get verl's token-level truncated importance weight ``min(exp(sg(logπ) - logπ_rollout), C)`` (TIS,
+``rollout_is_threshold`` = C) as ``rollout_is_weights`` of the loss; tokens before that merge (the plans and
+the first block's branches) were sampled exactly and keep weight 1. Their log-prob mismatch is reported
+separately (it should be ~0).
 
 On verl GPU runs the module is imported in every Ray worker through ``VERL_USE_EXTERNAL_MODULES`` and
 ``actor_rollout_ref.model.external_lib`` (see ``components.training.verl.launch``). The local trainer
@@ -28,7 +29,6 @@ On verl GPU runs the module is imported in every Ray worker through ``VERL_USE_E
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -41,8 +41,6 @@ from verl.trainer.ppo.core_algos import (
     register_policy_loss,
 )
 from verl.utils import torch_functional as verl_F
-
-from components.structure import parse_ids
 
 PAPO_NAME = "papo"
 
@@ -155,28 +153,6 @@ def _register() -> None:
         register_adv_est(PAPO_NAME)(compute_papo_advantage)
 
 
-def post_merge_mask(input_ids: Sequence[int] | Any, tags: Any, start: int) -> np.ndarray:
-    """bool ``[L - start]``: True for response tokens from the first merge of a multi-branch block on.
-
-    Args:
-        input_ids: ``prompt + response`` ids of one sample (list, numpy array or 1-D tensor).
-        tags: the schema's ``components.structure.TagIds``.
-        start: the response's first index (the prompt length).
-
-    The merge tag itself (``<takeaway>``) is included: it is predicted from the merged context. A block with
-    one step merges exactly (its step sees what a sequential decoder sees, at the same positions), so only
-    blocks with two or more steps count. Raises ``StructureError`` for a malformed response, as the mask
-    builder does (filter first).
-    """
-    ids = np.asarray(input_ids.tolist() if hasattr(input_ids, "tolist") else input_ids, dtype=np.int64)
-    trace = parse_ids(ids, tags, start=start, strict=True, check_content=False)
-    out = np.zeros(int(ids.size) - start, dtype=bool)
-    merges = [blk.merge for blk in trace.all_blocks() if blk.branches >= 2]
-    if merges:
-        out[min(merges) - start :] = True
-    return out
-
-
 def post_merge_is_weights(
     log_prob: torch.Tensor,
     rollout_log_prob: torch.Tensor,
@@ -190,7 +166,8 @@ def post_merge_is_weights(
         log_prob: ``(bs, R)`` trainer log-probs (the canonical parallel forward; detached here).
         rollout_log_prob: ``(bs, R)`` log-probs the rollout engine sampled the tokens with.
         response_mask: ``(bs, R)`` 1 on response tokens.
-        post_merge: ``(bs, R)`` bool, True on tokens sampled after a re-prefilled merge (``post_merge_mask``).
+        post_merge: ``(bs, R)`` bool, True on tokens sampled after a re-prefilled merge
+            (``components.structure.post_merge_mask``).
         threshold: C, the truncation of the weight (verl's ``rollout_is_threshold``; >= 1).
 
     Returns:

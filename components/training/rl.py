@@ -56,12 +56,12 @@ from components.grading.judge import judge_many, summarize
 from components.grading.rewards import score_many
 from components.progress import track
 from components.prompts import render_prompt
-from components.structure import TagIds, parse_text, trace_metrics
+from components.structure import TagIds, parse_text, post_merge_mask, trace_metrics
 from components.tracking import stage_run
 from components.training.checkpoint import TrainingState, latest_checkpoint, load_checkpoint, save_checkpoint
 from components.training.config import RLStageConfig, rl_section
 from components.training.dapo import DynamicSampler, DynamicSamplingStats, overlong_penalty
-from components.training.papo import post_merge_is_weights, post_merge_mask
+from components.training.papo import post_merge_is_weights
 from components.training.precision import build_adamw, compute_autocast, stepped_parameters
 from components.training.rl_batch import (
     Rollout,

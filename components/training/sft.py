@@ -44,7 +44,7 @@ from transformers import (
 
 from components.artifacts import write_json
 from components.progress import track
-from components.structure import MergeSemantics
+from components.structure import MergeSemantics, to_additive_mask
 from components.training.batching import length_sorted_splits
 from components.training.checkpoint import TrainingState, latest_checkpoint, load_checkpoint, save_checkpoint
 from components.training.config import SFTStageConfig
@@ -222,8 +222,6 @@ def token_nll(model: torch.nn.Module, batch: SFTBatch) -> tuple[torch.Tensor, in
     device = next(model.parameters()).device
     mask = batch.attention_mask.to(device)
     if mask.dim() == 4 and model.config._attn_implementation == "eager":
-        from components.structure import to_additive_mask
-
         mask = to_additive_mask(mask, next(model.parameters()).dtype)
     input_ids = batch.input_ids.to(device)
     position_ids = batch.position_ids.to(device) if batch.position_ids is not None else None

@@ -155,7 +155,7 @@ def _chunk(
 
 def register_fsdp_method(model: Any) -> None:
     """Make ``token_log_probs`` run inside the root FSDP module's forward hooks (called by shard_model)."""
-    from torch.distributed.fsdp import register_fsdp_forward_method
+    from torch.distributed.fsdp import register_fsdp_forward_method  # lazy: fsdp
 
     def method(self: Any, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
         return _token_log_probs(self, *args, **kwargs)

@@ -118,7 +118,7 @@ def _prefix_masked(backend: Any, kernel: Any) -> Any:
 
 
 def iso_tensor(values: list[int], like: Any) -> Any:
-    import torch
+    import torch  # lazy: torch
 
     return torch.tensor(values, dtype=like.dtype).to(like.device)
 
@@ -128,7 +128,7 @@ def iso_extend(
 ) -> tuple[Any, list[Any] | None]:
     """Positions (long[sum extend]) of an extend batch and, when any row is not causal, every request's
     mask rows (causal for unmarked requests); None otherwise."""
-    import torch
+    import torch  # lazy: torch
 
     positions, masked = [], False
     for inp, p, e in zip(inputs, prefix_lens, extend_lens, strict=True):

@@ -412,7 +412,7 @@ def write_launch_files(
 
 def verl_config_dir() -> Path:
     """The Hydra config directory packaged with the installed verl."""
-    import verl.trainer.config as verl_config
+    import verl.trainer.config as verl_config  # lazy: verl
 
     return Path(verl_config.__file__).parent
 
@@ -768,13 +768,13 @@ def validate_job(stage: str, cfg: VerlJobConfig) -> VerlJobCheck:
     env_vars = plugin_env_vars(stage_cfg, schema, cfg.merge_semantics)
 
     from omegaconf import OmegaConf  # lazy: omegaconf
-    from verl.trainer.ppo.core_algos import get_adv_estimator_fn, get_policy_loss_fn
-    from verl.trainer.ppo.reward import get_custom_reward_fn, resolve_reward_manager_cls
-    from verl.trainer.ppo.utils import need_critic, need_reference_policy
-    from verl.utils.config import omega_conf_to_dataclass
-    from verl.utils.config import validate_config as verl_validate_config
-    from verl.utils.device import auto_set_device
-    from verl.workers.engine.base import EngineRegistry
+    from verl.trainer.ppo.core_algos import get_adv_estimator_fn, get_policy_loss_fn  # lazy: verl
+    from verl.trainer.ppo.reward import get_custom_reward_fn, resolve_reward_manager_cls  # lazy: verl
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy  # lazy: verl
+    from verl.utils.config import omega_conf_to_dataclass  # lazy: verl
+    from verl.utils.config import validate_config as verl_validate_config  # lazy: verl
+    from verl.utils.device import auto_set_device  # lazy: verl
+    from verl.workers.engine.base import EngineRegistry  # lazy: verl
 
     config = compose_verl_config(overrides)
     auto_set_device(config)
@@ -882,12 +882,12 @@ def _resolve_trainer(stage: str, config: Any) -> str:
     trainer (``trainer.use_v1``, its default) imports TransferQueue in the TaskRunner, after Ray started,
     so a missing package surfaced only minutes into a GPU job."""
     if not config.trainer.use_v1:
-        from verl.trainer.main_ppo_v0 import TaskRunner
+        from verl.trainer.main_ppo_v0 import TaskRunner  # lazy: verl
 
         return _qualname(TaskRunner)
     try:
-        import transfer_queue  # noqa: F401  (TaskRunnerV1.run imports it)
-        from verl.trainer.ppo.v1 import get_trainer_cls
+        import transfer_queue  # noqa: F401  # lazy: transfer_queue (TaskRunnerV1.run imports it)
+        from verl.trainer.ppo.v1 import get_trainer_cls  # lazy: verl
     except ImportError as err:
         raise ConfigError(
             f"{stage}: verl's v1 trainer (trainer.use_v1, verl 0.9.1's default) cannot import: {err}; it needs "
@@ -904,8 +904,8 @@ def _resolve_trainer(stage: str, config: Any) -> str:
 def _resolve_rollout(stage: str, config: Any) -> str:
     """The rollout replica registered under ``rollout.name``; for the torch rollout also its classes (an
     SGLang or vLLM replica imports its server, which needs CUDA, so only its name is checked here)."""
-    from verl.workers.rollout import base as rollout_base
-    from verl.workers.rollout.replica import RolloutReplicaRegistry
+    from verl.workers.rollout import base as rollout_base  # lazy: verl
+    from verl.workers.rollout.replica import RolloutReplicaRegistry  # lazy: verl
 
     name = config.actor_rollout_ref.rollout.name
     if name not in RolloutReplicaRegistry._registry:
@@ -926,7 +926,7 @@ def _resolve_rollout(stage: str, config: Any) -> str:
 
 def _resolve_sampler(stage: str, config: Any) -> str | None:
     """The custom replay buffer the job names (structural-filter stages), loaded as verl loads it."""
-    from verl.utils.import_utils import load_extern_object
+    from verl.utils.import_utils import load_extern_object  # lazy: verl
 
     custom = config.trainer.v1.sampler.get("custom_sampler") or {}
     if not custom.get("path"):

@@ -24,10 +24,12 @@ environment, else a random token of its own that only its driver is given.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import secrets
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -60,8 +62,6 @@ def _stop_with_parent() -> None:
     the rerun that resumes the stage would start a second head beside them. ``ray start --block`` stops the
     Ray processes it started when it is terminated."""
     if sys.platform.startswith("linux"):
-        import ctypes
-
         pr_set_pdeathsig = 1
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
@@ -225,8 +225,6 @@ class RayHead:
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=1)
         if self.owns_temp_dir:
-            import shutil
-
             shutil.rmtree(self.temp_dir, ignore_errors=True)
 
     def __enter__(self) -> RayHead:

@@ -45,9 +45,9 @@ from components.structure import (
     get_schema,
     merge_attention_inputs,
     parallel_attention_inputs,
+    post_merge_mask,
     prediction_sources,
 )
-from components.training.papo import post_merge_mask as trainer_post_merge_mask
 
 REPO = Path(__file__).resolve().parents[3]
 BACKENDS = ["torch", "torch-reprefill", "sglang", "async"]
@@ -247,9 +247,12 @@ def test_parallel_structure_positions_and_branch_logprobs(world, backend, case: 
         sources = prediction_sources(mask)[p : p + k]
         tf = lp[sources].gather(-1, torch.tensor(g.token_ids)[:, None]).squeeze(-1)
         got = torch.tensor(g.logprobs)
-        post = torch.tensor(g.post_merge_mask)
-        # one rule for "after the merge": the engine's bookkeeping and the trainer's parse of the ids agree
-        assert post.tolist() == trainer_post_merge_mask(ids, tags, p)[:k].tolist()
+        # one rule for "after the merge" (components.structure.post_merge_mask, a parse of the ids) agrees with
+        # the engine's own block ledger: from the end of the first merged block of 2+ branches on
+        first = next((b for b in g.blocks if b.merged and b.n_branches >= 2), None)
+        ledger = [first is not None and i >= first.start + sum(first.branch_tokens) for i in range(k)]
+        post = torch.from_numpy(post_merge_mask(ids, tags, p)[:k])
+        assert post.tolist() == ledger
         branch = torch.zeros(k, dtype=torch.bool)
         branch[start : ends[-1]] = True
         finite = torch.isfinite(got)

@@ -24,8 +24,7 @@ from components.engine.backends.torch_tokens import TorchTokenGenerator
 from components.engine.controller import end_of_turn_ids
 from components.models.tags import add_tag_tokens
 from components.prompts import chat_messages
-from components.structure import TagIds
-from components.training.papo import post_merge_mask
+from components.structure import TagIds, post_merge_mask
 from components.training.rl_batch import Rollout, build_policy_batch, response_log_probs
 from components.training.verl.launch import (
     VerlRunInputs,

@@ -30,8 +30,7 @@ from components.config import load_config
 from components.data.synthetic import expression_of, generate_problems, render_parallel, render_sequential
 from components.models.tiny import tiny_test_world
 from components.prompts import render_prompt
-from components.structure import TagIds
-from components.training.papo import post_merge_mask
+from components.structure import TagIds, post_merge_mask
 from components.training.rl_batch import Rollout, build_policy_batch, response_log_probs
 from components.training.rl_objective import compute_policy_loss
 from components.training.verl.plugins.engine import NPRParallelEngine

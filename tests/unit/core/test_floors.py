@@ -9,6 +9,7 @@ the test also fails when a listed exception no longer occurs, so that list only 
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -175,3 +176,47 @@ def test_no_library_module_is_a_script() -> None:
         if is_script(ast.parse(path.read_text()))
     ]
     assert scripts == []
+
+
+LAZY_MARK = re.compile(r"#\s*lazy:\s*\w")
+
+
+def unmarked_lazy_imports(root: Path) -> list[str]:
+    """Imports written inside a function without a ``# lazy: <why>`` comment (on the statement's first or
+    last line). Imports go at module top; one kept inside a function keeps a heavy dependency (or a cycle)
+    lazy and says which, so a climb or a needless late import cannot hide there."""
+    found = []
+    for path in project_modules(root).values():
+        source = path.read_text()
+        lines = source.splitlines()
+        for fn in ast.walk(ast.parse(source, filename=str(path))):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                if isinstance(node, (ast.Import, ast.ImportFrom)):
+                    ends = {lines[node.lineno - 1], lines[(node.end_lineno or node.lineno) - 1]}
+                    if not any(LAZY_MARK.search(line) for line in ends):
+                        found.append(f"{path.relative_to(root).as_posix()}:{node.lineno}: {ast.unparse(node)}")
+    return sorted(set(found))
+
+
+def test_every_function_level_import_says_why_it_is_lazy() -> None:
+    found = unmarked_lazy_imports(ROOT)
+    assert not found, (
+        "imports inside functions without '# lazy: <dependency>' (move them to the module top, or say what "
+        "they keep lazy):\n" + "\n".join(f"  {f}" for f in found)
+    )
+
+
+def test_checker_sees_an_unmarked_lazy_import(tmp_path: Path) -> None:
+    (tmp_path / "components").mkdir()
+    (tmp_path / "flows").mkdir()
+    (tmp_path / "components" / "__init__.py").write_text("")
+    (tmp_path / "flows" / "__init__.py").write_text("")
+    (tmp_path / "components" / "m.py").write_text(
+        "import json\n\n"
+        "def a():\n    import torch  # lazy: torch\n    return torch\n\n"
+        "def b():\n    from os import (\n        path,\n    )  # lazy: startup\n    return path\n\n"
+        "def c():\n    import shutil\n    return shutil\n"
+    )
+    assert unmarked_lazy_imports(tmp_path) == ["components/m.py:14: import shutil"]

@@ -37,8 +37,6 @@ def test_a_verl_stage_on_a_running_ray_cluster_asks_for_no_gpu(in_repo, monkeypa
 
 
 def test_dispatch_sends_params_and_lock_and_restores_from_the_run_cache(in_repo, monkeypatch):
-    import flows.stage as stage_mod
-
     calls = {}
 
     def run_deployment(name, parameters, job_variables, timeout):
@@ -47,7 +45,7 @@ def test_dispatch_sends_params_and_lock_and_restores_from_the_run_cache(in_repo,
 
     monkeypatch.setattr("prefect.deployments.run_deployment", run_deployment)
     monkeypatch.setattr(
-        stage_mod, "restore_from_run_cache", lambda stage, timeout_s: calls.setdefault("restored", stage)
+        pipeline, "restore_from_run_cache", lambda stage, timeout_s: calls.setdefault("restored", stage)
     )
     monkeypatch.setattr(pipeline, "launching_commit", lambda: {"NPR_GIT_COMMIT": "c0ffee"})
     monkeypatch.setattr(pipeline, "load_config", lambda *a, **k: load_config(profile="qwen3-4b"))

@@ -14,8 +14,8 @@ from components.config import load_config
 from components.data.synthetic import expression_of, generate_problems, render_parallel
 from components.models.tiny import tiny_test_world
 from components.prompts import render_prompt
-from components.structure import StructureError, TagIds
-from components.training.papo import post_merge_is_weights, post_merge_mask
+from components.structure import StructureError, TagIds, post_merge_mask
+from components.training.papo import post_merge_is_weights
 from components.training.rl import RLTrainer
 from components.training.rl_batch import Rollout, build_policy_batch, response_log_probs
 from components.training.rl_objective import compute_policy_loss

@@ -45,6 +45,7 @@ from collections import Counter
 from typing import Any, ClassVar
 from uuid import uuid4
 
+import torch
 from verl.experimental.agent_loop.agent_loop import (
     AgentLoopBase,
     AgentLoopMetrics,
@@ -73,7 +74,7 @@ def registered_agent_loop(name: str) -> type:
 
     if name not in _agent_loop_registry:
         # verl's own loops register when their module is imported, as its agent-loop package does
-        import verl.experimental.agent_loop  # noqa: F401
+        import verl.experimental.agent_loop  # noqa: F401  # lazy: verl
     if name not in _agent_loop_registry:
         raise KeyError(f"no agent loop {name!r}; registered: {sorted(_agent_loop_registry)}")
     return hydra.utils.get_class(_agent_loop_registry[name]["_target_"])
@@ -179,8 +180,6 @@ class NPRParallelAgentLoop(AgentLoopBase):
         )
         reward = float(result["score"])
         if self.overlong and self.overlong.get("enable") and response_ids:
-            import torch
-
             reward += float(
                 overlong_penalty(
                     torch.tensor([len(response_ids)]),

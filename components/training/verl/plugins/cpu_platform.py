@@ -29,6 +29,7 @@ import contextlib
 import os
 import sys
 import types
+from datetime import timedelta
 from typing import Any
 
 import psutil
@@ -182,7 +183,7 @@ def on_cpu_platform() -> bool:
 def _gloo_process_group() -> None:
     """On the CPU platform, verl's process-group setup joins a backend string torch rejects
     (``cpu:gloo,cpu:gloo``); wrap it to initialise plain gloo with the same rank/world/timeout."""
-    import verl.utils.distributed as distributed
+    import verl.utils.distributed as distributed  # lazy: verl
 
     original = distributed.initialize_global_process_group_ray
     if getattr(original, "_npr_cpu", False):
@@ -191,7 +192,6 @@ def _gloo_process_group() -> None:
     def initialize_global_process_group_ray(timeout_second: int | None = None, backend: str | None = None):
         if not on_cpu_platform():
             return original(timeout_second=timeout_second, backend=backend)
-        from datetime import timedelta
 
         if not torch.distributed.is_initialized():
             kwargs = {"timeout": timedelta(seconds=timeout_second)} if timeout_second else {}

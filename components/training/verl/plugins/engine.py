@@ -42,10 +42,11 @@ from components.structure import (
     TagIds,
     check_semantics,
     lay_out,
+    post_merge_mask,
     prediction_sources,
     to_additive_mask,
 )
-from components.training.papo import post_merge_is_weights, post_merge_mask
+from components.training.papo import post_merge_is_weights
 from components.training.verl.plugins.names import (
     DEFAULT_MERGE,
     DEFAULT_SCHEMA,

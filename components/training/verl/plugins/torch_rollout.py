@@ -102,8 +102,8 @@ class TorchRolloutServer:
         node_rank: int = 0,
     ) -> None:
         from transformers import AutoModelForCausalLM  # lazy: transformers
-        from verl.utils.config import omega_conf_to_dataclass
-        from verl.workers.config import HFModelConfig
+        from verl.utils.config import omega_conf_to_dataclass  # lazy: verl
+        from verl.workers.config import HFModelConfig  # lazy: verl
 
         from components.engine.backends.torch_tokens import TorchTokenGenerator  # lazy: transformers
 
