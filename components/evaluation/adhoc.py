@@ -10,6 +10,7 @@ from components.dag import stage_io
 from components.data.benchmarks import BENCHMARK_NAMES, FieldMap, is_benchmark_file, load_benchmark_file
 from components.errors import UserError
 from components.evaluation.config import BenchmarkSpec
+from components.evaluation.job import EvalJobConfig
 from components.evaluation.outputs import EvalOutputs, write_evaluation
 from components.evaluation.runner import (
     CheckpointSpec,
@@ -35,7 +36,7 @@ def checkpoint_name(checkpoint: Path) -> str:
 
 
 def benchmark_specs(
-    cfg: Any, names: list[str], k: int | None, files: frozenset[str] = frozenset()
+    cfg: EvalJobConfig, names: list[str], k: int | None, files: frozenset[str] = frozenset()
 ) -> list[BenchmarkSpec]:
     """Specs of the named benchmarks: the profile's settings where it has them (never for a user's file,
     named in ``files``: one sample per problem unless ``k``); ``k`` overrides n and k."""
@@ -57,7 +58,7 @@ def benchmark_specs(
 
 
 def evaluate_checkpoint(
-    cfg: Any,
+    cfg: EvalJobConfig,
     checkpoint: Path,
     benchmarks: list[str],
     k: int | None,
@@ -98,7 +99,7 @@ def evaluate_checkpoint(
 
 
 def evaluate_into(
-    cfg: Any,
+    cfg: EvalJobConfig,
     checkpoints: list[CheckpointSpec],
     benchmarks: list[BenchmarkSpec],
     out_dir: Path,

@@ -32,18 +32,20 @@ from typing import Any, Literal
 
 from components.artifacts import read_jsonl, write_jsonl, write_shards
 from components.data.benchmarks import SPLIT_BENCHMARKS, load_benchmark
-from components.engine import GenerationConfig, generate
+from components.engine import Generation, GenerationConfig, generate
 from components.engine.generation import exact_semantics
 from components.evaluation.config import BenchmarkSpec, EvaluateConfig
+from components.evaluation.job import EvalJobConfig
 from components.evaluation.metrics import (
     achieved_speedup,
     ideal_speedup,
     summarize_records,
     tokens_per_second,
 )
+from components.grading.config import GradingConfig
 from components.grading.judge import judge_many
 from components.ops.sglang_server import check_context_length, context_length_for
-from components.progress import track
+from components.progress import Task, track
 from components.prompts import prompt_fingerprint, render_prompt
 from components.structure import TagIds, TagTokenError, parse_ids, parse_text, trace_metrics
 
@@ -83,7 +85,7 @@ class CheckpointSpec:
     engine_settings: Mapping[str, Any] = field(default_factory=dict)
 
 
-def checkpoint_spec(cfg: Any, name: str, path: Path, mode: Mode | None = None) -> CheckpointSpec:
+def checkpoint_spec(cfg: EvalJobConfig, name: str, path: Path, mode: Mode | None = None) -> CheckpointSpec:
     """How the evaluation decodes checkpoint ``name`` from ``path``: its mode (``mode`` overrides it, as
     ``npr eval --mode`` does), instruction, schema and engine settings, all from the config (a
     ``PipelineConfig``). The one builder the evaluate stage, ``npr eval`` and the nightly share."""
@@ -109,7 +111,7 @@ class EvalResult:
 
 def generation_config(
     ecfg: EvaluateConfig, mode: Mode, engine_settings: Mapping[str, Any] | None = None
-) -> Any:
+) -> GenerationConfig:
     """The engine's GenerationConfig from the evaluate section's sampling settings, a mode and a
     checkpoint's extra engine settings (validated as GenerationConfig fields)."""
     if not engine_settings:
@@ -147,7 +149,7 @@ def engine_version(ecfg: EvaluateConfig) -> dict[str, str]:
     return out
 
 
-def grader_version(grading: Any) -> dict[str, str]:
+def grader_version(grading: GradingConfig) -> dict[str, str]:
     """What grades an evaluation: the math-verify release and a fingerprint of the evaluation's grading
     settings (answer extraction, numeric tolerance, timeout). Pinned in a baseline, like the sampling."""
     try:
@@ -193,19 +195,19 @@ def load_benchmark_problems(
 
 
 def _decode(
-    model: Any, tokenizer: Any, tags: Any, prompts: list[str], gen_cfg: Any
-) -> tuple[list[Any], float]:
+    model: Any, tokenizer: Any, tags: TagIds | None, prompts: list[str], gen_cfg: GenerationConfig
+) -> tuple[list[Generation], float]:
     start = time.perf_counter()
     generations = generate(model, tokenizer, prompts, gen_cfg, tags)
     return generations, time.perf_counter() - start
 
 
-def _rate(wall_s: float, generations: Sequence[Any]) -> float:
+def _rate(wall_s: float, generations: Sequence[Generation]) -> float:
     """Tokens per second of one decode."""
     return tokens_per_second(sum(g.total_tokens for g in generations), wall_s)
 
 
-def _structure(generation: Any, tags: Any, schema_name: str) -> dict[str, Any]:
+def _structure(generation: Generation, tags: TagIds | None, schema_name: str) -> dict[str, Any]:
     """Parallel flags, branches and critical path of one response, by the structure module's definition."""
     if tags is not None:
         tm = trace_metrics(parse_ids(generation.token_ids, tags))
@@ -248,14 +250,14 @@ def decode_groups(
 def evaluate_benchmarks(
     model: Any,
     tokenizer: Any,
-    tags: Any,
+    tags: TagIds | None,
     problems: Mapping[str, Sequence[Mapping[str, Any]]],
     specs: Sequence[BenchmarkSpec],
-    cfg: Any,
+    cfg: EvalJobConfig,
     checkpoint: str,
     mode: Mode,
     prompt_style: str,
-    progress: Any = None,
+    progress: Task | None = None,
     *,
     schema: str | None = None,
     engine_settings: Mapping[str, Any] | None = None,
@@ -304,14 +306,14 @@ def evaluate_benchmarks(
 
 
 def _records(
-    generations: Sequence[Any],
+    generations: Sequence[Generation],
     prompts: Sequence[str],
     problems: Sequence[Mapping[str, Any]],
     spec: BenchmarkSpec,
-    cfg: Any,
+    cfg: EvalJobConfig,
     checkpoint: str,
     mode: Mode,
-    tags: Any,
+    tags: TagIds | None,
     schema: str | None = None,
 ) -> list[dict[str, Any]]:
     """Grade one benchmark's generations into per-sample records."""
@@ -356,7 +358,7 @@ def _records(
     return records
 
 
-def _tags_for(tokenizer: Any, schema_name: str, mode: Mode) -> Any:
+def _tags_for(tokenizer: Any, schema_name: str, mode: Mode) -> TagIds | None:
     try:
         return TagIds.from_tokenizer(tokenizer, schema_name)
     except TagTokenError as err:
@@ -408,15 +410,15 @@ def speedup_problems(
 def measure_speedup(
     model: Any,
     tokenizer: Any,
-    tags: Any,
+    tags: TagIds | None,
     problems: Sequence[Mapping[str, Any]],
-    cfg: Any,
+    cfg: EvalJobConfig,
     prompt_style: str,
-    progress: Any = None,
+    progress: Task | None = None,
     *,
     schema: str | None = None,
     engine_settings: Mapping[str, Any] | None = None,
-) -> tuple[dict[str, Any], list[Any], list[Any]]:
+) -> tuple[dict[str, Any], list[Generation], list[Generation]]:
     """Decode the same prompts in parallel and in sequential mode, batch by batch, and compare tokens/s.
 
     The modes alternate which goes first in each batch, so a machine whose speed drifts (a shared one) biases
@@ -433,14 +435,14 @@ def measure_speedup(
     batch = ecfg.speedup.batch_size or ecfg.generation.batch_size
     prompts = [render_prompt(tokenizer, p["problem"], cfg.prompts, prompt_style) for p in problems]
     walls = {"parallel": 0.0, "sequential": 0.0}
-    gens: dict[str, list[Any]] = {"parallel": [], "sequential": []}
+    gens: dict[str, list[Generation]] = {"parallel": [], "sequential": []}
     gen_cfgs = {
         mode: generation_config(ecfg, mode, engine_settings).model_copy(update={"batch_size": batch})
         for mode in ("parallel", "sequential")
     }
     for i, start in enumerate(range(0, len(prompts), batch)):
         chunk = prompts[start : start + batch]
-        fastest: dict[str, tuple[float, list[Any]]] = {}
+        fastest: dict[str, tuple[float, list[Generation]]] = {}
         for r in range(ecfg.speedup.repeats):
             order: tuple[Mode, Mode] = ("parallel", "sequential") if (i + r) % 2 == 0 else ("sequential", "parallel")
             for mode in order:
@@ -483,13 +485,13 @@ def _times_speedup(ecfg: EvaluateConfig, ckpt: CheckpointSpec) -> bool:
     return ckpt.mode == "parallel" and ecfg.measure_speedup and ecfg.speedup.applies_to(ckpt.name)
 
 
-def _with_generation(cfg: Any, gen_cfg: Any) -> Any:
+def _with_generation(cfg: EvalJobConfig, gen_cfg: GenerationConfig) -> EvalJobConfig:
     """``cfg`` with ``evaluate.generation`` replaced (a served checkpoint's URL)."""
     return cfg.model_copy(update={"evaluate": cfg.evaluate.model_copy(update={"generation": gen_cfg})})
 
 
 def check_served_context(
-    cfg: Any,
+    cfg: EvalJobConfig,
     checkpoints: Sequence[CheckpointSpec],
     benchmarks: Sequence[BenchmarkSpec],
     problems: Mapping[str, Sequence[Mapping[str, Any]]],
@@ -551,7 +553,7 @@ def _keep_finished(
 
 
 def evaluate_checkpoints(
-    cfg: Any,
+    cfg: EvalJobConfig,
     checkpoints: Sequence[CheckpointSpec],
     benchmarks: Sequence[BenchmarkSpec],
     problems_dir: Path | None,
@@ -609,12 +611,12 @@ def evaluate_checkpoints(
 
 
 def _evaluate_one(
-    cfg: Any,
+    cfg: EvalJobConfig,
     ckpt: CheckpointSpec,
     benchmarks: Sequence[BenchmarkSpec],
     problems: Mapping[str, Sequence[Mapping[str, Any]]],
     result: EvalResult,
-    progress: Any,
+    progress: Task,
     work_dir: Path | None,
     served: bool,
     units: int,
@@ -693,14 +695,14 @@ def _evaluate_one(
 
 
 def _decode_checkpoint(
-    cfg: Any,
+    cfg: EvalJobConfig,
     ckpt: CheckpointSpec,
     model: Any,
     tokenizer: Any,
     problems: Mapping[str, Sequence[Mapping[str, Any]]],
     benchmarks: Sequence[BenchmarkSpec],
     result: EvalResult,
-    progress: Any = None,
+    progress: Task | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """One checkpoint's decodes: in its own mode on every benchmark, and (parallel, ``measure_speedup``) the
     speedup decode, whose graded sequential samples go to ``result.sequential_records`` (benchmark
