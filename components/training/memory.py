@@ -44,6 +44,7 @@ from components.engine.config import DistillConfig, GenerationConfig
 from components.evaluation.config import EvaluateConfig
 from components.models.config import ModelsConfig, SeedConfig
 from components.ops.config import GpuSpec, OrchestrationConfig
+from components.settings import RunConfig
 from components.structure.merge import MergeSemantics
 from components.training.config import RLStageConfig, SFTStageConfig
 from components.training.token_logprobs import DEFAULT_CHUNK_TOKENS
@@ -53,16 +54,6 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 DEFAULT_SGLANG_SPEC = "infra/sglang/server.yaml"
 
 
-class RunSettings(Protocol):
-    """The ``run`` settings a plan reads."""
-
-    @property
-    def dtype(self) -> str: ...
-
-    @property
-    def device(self) -> str: ...
-
-
 class PlanConfig(Protocol):
     """What a memory plan reads of the pipeline's config. That is components.config.PipelineConfig, which
     sits a floor above this package (it assembles this package's sections), so it is named here by what a
@@ -70,7 +61,7 @@ class PlanConfig(Protocol):
     semantics, the declared GPU and NPR-Zero's prompt bound (distill's and evaluate's)."""
 
     @property
-    def run(self) -> RunSettings: ...
+    def run(self) -> RunConfig: ...
 
     @property
     def models(self) -> ModelsConfig: ...

@@ -16,6 +16,7 @@ from verl.workers.config import ActorConfig
 from verl.workers.config.actor import PolicyLossConfig
 
 import components.training.papo as papo  # noqa: F401  (registers the `papo` loss and estimator)
+from components.training.config import RLStageConfig
 from components.training.dapo import DAPO_ADV_ESTIMATOR, DAPO_POLICY_LOSS
 
 # algorithm -> (verl advantage estimator, verl policy loss)
@@ -34,7 +35,7 @@ def verl_names(algorithm: str) -> tuple[str, str]:
     return ALGORITHMS[algorithm]
 
 
-def actor_config(stage_cfg: Any) -> ActorConfig:
+def actor_config(stage_cfg: RLStageConfig) -> ActorConfig:
     """The verl ``ActorConfig`` the policy loss reads (clip ratios, aggregation, loss mode).
 
     ``strategy``/micro-batch fields are required by verl's dataclass but unused by the loss functions.

@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 import torch
 
-from components.prompts import render_prompt
+from components.prompts import PromptConfig, render_prompt
 from components.structure import (
     MergeSemantics,
     StructureError,
@@ -127,7 +127,7 @@ def encode_example(tokenizer: Any, prompt: str, response: str, index: int = -1) 
 def prepare_examples(
     records: Sequence[dict[str, Any]],
     tokenizer: Any,
-    prompts_cfg: Any,
+    prompts_cfg: PromptConfig,
     *,
     mode: Mode,
     prompt_style: str,

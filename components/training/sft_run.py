@@ -12,14 +12,14 @@ from typing import Any
 
 import torch
 
-from components.tracking import stage_run, step_logger
+from components.tracking import TrackedConfig, stage_run, step_logger
 from components.training.checkpoint import checkpoint_step, latest_checkpoint
 from components.training.distributed import DistContext
 from components.training.sft import SFTResult, SFTSettings, StepSource, train_sft
 
 
 def train_sft_in_stage_run(
-    cfg: Any,
+    cfg: TrackedConfig,
     stage: str,
     work: Path,
     model: torch.nn.Module,

@@ -36,7 +36,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -45,8 +45,12 @@ from components.data import synthetic
 from components.data.synthetic import DIFFICULTIES, PARTITION_MODULUS, PARTITION_OF_BUCKET, Expression
 from components.engine import generate
 from components.engine.config import GenerationConfig
+from components.grading.config import GradingConfig
 from components.grading.judge import judge_many
-from components.prompts import chat_messages, render_prompt
+from components.models.config import ModelsConfig, SeedConfig
+from components.prompts import PromptConfig, chat_messages, render_prompt
+from components.settings import RunConfig
+from components.tracking import TrackedConfig
 from components.training.sft_data import encode_example
 
 log = logging.getLogger(__name__)
@@ -62,6 +66,31 @@ FINGERPRINT_STEPS = 3
 CARD_EVAL_N = 600
 CARD_GREEDY_N = 48
 LOG_EVERY = 10  # optimizer steps between loss-curve points
+
+
+class SeedJobConfig(TrackedConfig, Protocol):
+    """What the seed build reads of the pipeline's config. That is components.config.PipelineConfig, a floor
+    above this package (it assembles this package's sections), so it is named here by what the build uses: its
+    recipe (``seed``), the run's seed, the prompts, the tiny architecture and attention (``models``), the
+    schema its tokenizer and grading use, the grading settings its measurement reads, and, for a build inside
+    a stage (``TrackedConfig``), the W&B project and the whole config the stage's run records."""
+
+    schema_name: str
+
+    @property
+    def seed(self) -> SeedConfig: ...
+
+    @property
+    def run(self) -> RunConfig: ...
+
+    @property
+    def prompts(self) -> PromptConfig: ...
+
+    @property
+    def models(self) -> ModelsConfig: ...
+
+    @property
+    def grading(self) -> GradingConfig: ...
 
 
 # ----------------------------------------------------------------------------------------------- data
@@ -83,7 +112,7 @@ class SeedSource:
     with one format mistake), else a sequential one, always under the parallel instruction the engine uses.
     """
 
-    def __init__(self, cfg: Any, tokenizer: Any) -> None:
+    def __init__(self, cfg: SeedJobConfig, tokenizer: Any) -> None:
         self.cfg, self.tokenizer = cfg, tokenizer
 
     def __call__(self, step: int) -> list[Any]:
@@ -108,7 +137,7 @@ class SeedSource:
         return examples
 
 
-def tokenizer_corpus(cfg: Any) -> list[str]:
+def tokenizer_corpus(cfg: SeedJobConfig) -> list[str]:
     """Chat-rendered conversations (prompt and a solution of either style) of generated training problems.
 
     Exactly the text the model will read (role headers and instruction included), so BPE merges the
@@ -128,7 +157,7 @@ def tokenizer_corpus(cfg: Any) -> list[str]:
 
 
 # ----------------------------------------------------------------------------------------------- model
-def new_tokenizer_and_model(cfg: Any) -> tuple[Any, Any]:
+def new_tokenizer_and_model(cfg: SeedJobConfig) -> tuple[Any, Any]:
     """The trained tokenizer and the randomly initialised tiny Qwen3 of the profile (deterministic)."""
     from components.models.tiny import build_tiny_model, train_tokenizer  # lazy: transformers
 
@@ -145,7 +174,7 @@ def new_tokenizer_and_model(cfg: Any) -> tuple[Any, Any]:
     return tokenizer, model
 
 
-def sft_settings(cfg: Any, total_steps: int | None = None, log_every: int = LOG_EVERY) -> Any:
+def sft_settings(cfg: SeedJobConfig, total_steps: int | None = None, log_every: int = LOG_EVERY) -> Any:
     from components.training.sft import SFTSettings  # lazy: transformers
 
     s = cfg.seed
@@ -184,7 +213,7 @@ def tokenizer_sha256(tokenizer: Any) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
-def first_steps_fingerprint(cfg: Any, n_steps: int = FINGERPRINT_STEPS) -> dict[str, Any]:
+def first_steps_fingerprint(cfg: SeedJobConfig, n_steps: int = FINGERPRINT_STEPS) -> dict[str, Any]:
     """Tokenizer hash, initial-weights hash and the losses of the first ``n_steps`` optimizer steps.
 
     What the reproduction test compares with the card: the data, tokenizer, initialisation and optimizer
@@ -217,7 +246,7 @@ def measure(
     model: Any,
     tokenizer: Any,
     problems: Sequence[dict[str, Any]],
-    cfg: Any,
+    cfg: SeedJobConfig,
     temperature: float,
     max_new_tokens: int,
     seed: int = 0,
@@ -305,7 +334,9 @@ def disjoint_from_benchmarks(benchmark_problems: Sequence[str]) -> bool:
 
 
 # ----------------------------------------------------------------------------------------------- build
-def train_seed(cfg: Any, work_dir: Path, total_steps: int | None = None, stage: str | None = None) -> Any:
+def train_seed(
+    cfg: SeedJobConfig, work_dir: Path, total_steps: int | None = None, stage: str | None = None
+) -> Any:
     """Tokenizer + model + SFT (resumable in ``work_dir``); returns ``(model, tokenizer, SFTResult)``.
 
     ``stage`` runs the SFT inside that stage's W&B run (``sft_run``), as the pipeline's `seed` stage does.
@@ -319,7 +350,13 @@ def train_seed(cfg: Any, work_dir: Path, total_steps: int | None = None, stage: 
 
 
 def _train(
-    cfg: Any, model: Any, tokenizer: Any, source: Any, settings: Any, work_dir: Path, stage: Any
+    cfg: SeedJobConfig,
+    model: Any,
+    tokenizer: Any,
+    source: Any,
+    settings: Any,
+    work_dir: Path,
+    stage: str | None,
 ) -> Any:
     from components.training.sft import train_sft  # lazy: transformers
     from components.training.sft_run import train_sft_in_stage_run  # lazy: transformers
@@ -394,7 +431,7 @@ def read_card(model_dir: Path) -> dict[str, Any]:
 
 
 def build_card(
-    cfg: Any,
+    cfg: SeedJobConfig,
     model: Any,
     tokenizer: Any,
     result: Any,
@@ -565,7 +602,7 @@ def write_checkpoint(model: Any, tokenizer: Any, out_dir: Path, card: dict[str, 
 
 
 def build(
-    cfg: Any,
+    cfg: SeedJobConfig,
     out_dir: Path,
     work_dir: Path,
     total_steps: int | None = None,

@@ -51,8 +51,8 @@ from components.data.problems import load_tuning_split
 from components.grading.config import REWARD_SECTIONS, GradingConfig
 from components.models.config import ModelsConfig
 from components.ops.config import TrackingConfig
-from components.prompts import chat_messages, render_prompt
-from components.settings import ConfigError
+from components.prompts import PromptConfig, chat_messages, render_prompt
+from components.settings import ConfigError, RunConfig
 from components.structure import TagIds
 from components.structure.errors import TagTokenError
 from components.structure.merge import MergeSemantics
@@ -117,13 +117,13 @@ class VerlJobConfig(StageSections, Protocol):
     schema_name: str
 
     @property
-    def run(self) -> Any: ...
+    def run(self) -> RunConfig: ...
 
     @property
     def models(self) -> ModelsConfig: ...
 
     @property
-    def prompts(self) -> Any: ...
+    def prompts(self) -> PromptConfig: ...
 
     @property
     def grading(self) -> GradingConfig: ...
@@ -445,7 +445,7 @@ def reward_settings(stage_cfg: RLStageConfig, cfg: VerlJobConfig, schema: str | 
 def write_verl_parquet(
     problems: list[dict[str, Any]],
     path: Path,
-    prompts_cfg: Any,
+    prompts_cfg: PromptConfig,
     style: str,
     reward: dict[str, Any] | None = None,
     generation: dict[str, Any] | None = None,
@@ -520,7 +520,11 @@ def stage_overrides(stage: str, cfg: VerlJobConfig, inputs: VerlRunInputs) -> li
 
 
 def check_prompt_lengths(
-    stage: str, stage_cfg: RLStageConfig, prompts_cfg: Any, model_path: Path | str, problems: list[dict[str, Any]]
+    stage: str,
+    stage_cfg: RLStageConfig,
+    prompts_cfg: PromptConfig,
+    model_path: Path | str,
+    problems: list[dict[str, Any]],
 ) -> int:
     """The longest prompt of the job in tokens, as verl's agent loop renders it (our chat messages through
     the model's chat template); ConfigError when one exceeds ``<stage>.verl.max_prompt_length``.
