@@ -43,7 +43,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
@@ -52,18 +52,16 @@ from components.artifacts import atomic_dir
 from components.data.problems import load_problems, load_tuning_split
 from components.engine import GenerationConfig, generate
 from components.engine.generation import exact_semantics
-from components.grading.config import GradingConfig
 from components.grading.judge import judge_many, summarize
 from components.grading.rewards import score_many
-from components.models.config import ModelsConfig
 from components.progress import track
-from components.prompts import PromptConfig, render_prompt
-from components.settings import RunConfig
-from components.structure import MergeSemantics, TagIds, parse_text, post_merge_mask, trace_metrics
-from components.tracking import TrackedConfig, stage_run
+from components.prompts import render_prompt
+from components.structure import TagIds, parse_text, post_merge_mask, trace_metrics
+from components.tracking import stage_run
 from components.training.checkpoint import TrainingState, latest_checkpoint, load_checkpoint, save_checkpoint
-from components.training.config import RLStageConfig, StageSections, rl_section
+from components.training.config import RLStageConfig, rl_section
 from components.training.dapo import DynamicSampler, DynamicSamplingStats, overlong_penalty
+from components.training.job import RLJobConfig, RLTrainerConfig
 from components.training.papo import post_merge_is_weights
 from components.training.precision import build_adamw, compute_autocast, stepped_parameters
 from components.training.rl_batch import (
@@ -82,45 +80,6 @@ METRICS_LOG = "metrics.jsonl"
 # Filtered rollouts with the parser's full message, one JSON line each, in the stage's work dir; metric
 # names carry only the reason's category (``rollout/rejected/<code>``), a fixed set.
 REJECTIONS_LOG = "rollout_rejections.jsonl"
-
-
-class RLTrainerConfig(StageSections, Protocol):
-    """What the local RL trainer reads of the pipeline's config. That is components.config.PipelineConfig, a
-    floor above this package (it assembles this package's sections), so it is named here by what the trainer
-    uses: the stage's own section (``StageSections``, unless it is given one), the schema and merge semantics
-    its traces are parsed and trained in, the prompts, the grading settings its rewards and evaluations read,
-    and the run's compute precision (``run.autocast``)."""
-
-    schema_name: str
-
-    @property
-    def merge_semantics(self) -> MergeSemantics: ...
-
-    @property
-    def prompts(self) -> PromptConfig: ...
-
-    @property
-    def grading(self) -> GradingConfig: ...
-
-    @property
-    def run(self) -> RunConfig: ...
-
-
-class RLJobConfig(RLTrainerConfig, TrackedConfig, Protocol):
-    """What an RL stage (``run_rl_stage``) reads of the pipeline's config: the trainer's
-    (``RLTrainerConfig``), the model settings it loads the policy with, the stage's W&B run
-    (``TrackedConfig``) and, when the stage's backend is verl, what a verl job reads
-    (``components.training.verl.launch.VerlJobConfig``; not imported here, that module loads Ray:
-    tests/unit/core/test_config_protocols.py checks that this protocol names all of it)."""
-
-    profile: str
-
-    @property
-    def models(self) -> ModelsConfig: ...
-
-    def schema_of(self, stage: str) -> str: ...
-
-    def engine_settings_of(self, checkpoint: str, *, evaluation: bool = False) -> dict[str, Any]: ...
 
 
 @dataclass

@@ -41,22 +41,20 @@ import subprocess
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import yaml
 
 from components.artifacts import read_shards
 from components.dag import stage_io
 from components.data.problems import load_tuning_split
-from components.grading.config import REWARD_SECTIONS, GradingConfig
-from components.models.config import ModelsConfig
-from components.ops.config import TrackingConfig
+from components.grading.config import REWARD_SECTIONS
 from components.prompts import PromptConfig, chat_messages, render_prompt
-from components.settings import ConfigError, RunConfig
+from components.settings import ConfigError
 from components.structure import TagIds
 from components.structure.errors import TagTokenError
-from components.structure.merge import MergeSemantics
-from components.training.config import RLStageConfig, StageSections, rl_section
+from components.training.config import RLStageConfig, rl_section
+from components.training.job import VerlJobConfig
 from components.training.rl_objective import verl_names
 from components.training.verl.plugins.agent_loop import registered_agent_loop
 from components.training.verl.plugins.engine import NPRParallelEngine
@@ -105,38 +103,6 @@ def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return repr(value)
     return str(value)
-
-
-class VerlJobConfig(StageSections, Protocol):
-    """What a verl job reads of the pipeline's config. That is components.config.PipelineConfig, a floor
-    above this package (it assembles this package's sections), so it is named here by what a job uses: the
-    stage's own section (``StageSections``), the run's folders and seed, the model's attention, the prompts, the
-    grading settings its reward reads, the W&B project, and the schema and merge semantics it trains in."""
-
-    profile: str
-    schema_name: str
-
-    @property
-    def run(self) -> RunConfig: ...
-
-    @property
-    def models(self) -> ModelsConfig: ...
-
-    @property
-    def prompts(self) -> PromptConfig: ...
-
-    @property
-    def grading(self) -> GradingConfig: ...
-
-    @property
-    def tracking(self) -> TrackingConfig: ...
-
-    @property
-    def merge_semantics(self) -> MergeSemantics: ...
-
-    def schema_of(self, stage: str) -> str: ...
-
-    def engine_settings_of(self, checkpoint: str, *, evaluation: bool = False) -> dict[str, Any]: ...
 
 
 def native_parallel(stage_cfg: RLStageConfig) -> bool:

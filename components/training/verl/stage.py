@@ -32,8 +32,9 @@ import yaml
 
 from components.artifacts import atomic_dir
 from components.training.config import VerlSettings, rl_section
+from components.training.job import VerlJobConfig
 from components.training.verl import ray_cluster, report
-from components.training.verl.launch import VERL_ENTRY_MODULE, VerlJobConfig, prepare_launch, runtime_env
+from components.training.verl.launch import VERL_ENTRY_MODULE, prepare_launch, runtime_env
 
 CHECKPOINTS = "checkpoints"
 TRACKER_FILE = "latest_checkpointed_iteration.txt"  # verl's record of its newest checkpoint

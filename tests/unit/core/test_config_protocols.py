@@ -20,10 +20,9 @@ from typing_extensions import get_protocol_members
 from components.config import PipelineConfig, load_config
 from components.tracking import TrackedConfig
 from components.training.config import StageSections
+from components.training.job import RLJobConfig, RLTrainerConfig, VerlJobConfig
 from components.training.memory import PlanConfig
-from components.training.rl import RLJobConfig, RLTrainerConfig
 from components.training.tiny_seed import SeedJobConfig
-from components.training.verl.launch import VerlJobConfig
 
 # Every Protocol standing for PipelineConfig that components.training's functions take (and
 # components.tracking's, which sft_run passes its config on to).
@@ -89,19 +88,3 @@ def test_pipeline_config_satisfies_the_protocol(in_repo: Path, protocol: type) -
     assert isinstance(cfg, PipelineConfig)
     assert get_protocol_members(protocol), f"{protocol.__name__} declares nothing"
     assert _missing(cfg, protocol) == []
-
-
-def test_the_rl_stage_protocol_names_what_a_verl_job_reads() -> None:
-    # run_rl_stage hands its config to run_verl_stage when the stage's backend is verl; rl.py does not import
-    # VerlJobConfig (its module loads Ray), so RLJobConfig must name every member of it, declared alike.
-    verl, rl = get_protocol_members(VerlJobConfig), get_protocol_members(RLJobConfig)
-    assert verl - rl == set()
-    for name in sorted(verl):
-        a, b = _declared(VerlJobConfig, name), _declared(RLJobConfig, name)
-        if isinstance(a, property):
-            assert isinstance(b, property), name
-            assert typing.get_type_hints(a.fget) == typing.get_type_hints(b.fget), name
-        elif inspect.isfunction(a):
-            assert inspect.signature(a) == inspect.signature(b), name
-        else:
-            assert a == b, name
