@@ -19,8 +19,10 @@ reshapes what a stage returned or logged.
 
 from __future__ import annotations
 
+import base64
 import json
 import math
+import re
 import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -331,6 +333,19 @@ def wandb_summary(
 
 
 # ------------------------------------------------------------------------------------ markdown
+def embed_images(markdown: str, base: Path) -> str:
+    """``![x](file.png)`` -> ``![x](data:image/png;base64,...)``: a Prefect artifact cannot link files."""
+
+    def inline(match: re.Match[str]) -> str:
+        path = base / match.group(2)
+        if not path.is_file():
+            return match.group(0)
+        data = base64.b64encode(path.read_bytes()).decode()
+        return f"![{match.group(1)}](data:image/png;base64,{data})"
+
+    return re.sub(r"!\[([^\]]*)\]\(([^):]+\.png)\)", inline, markdown)
+
+
 def stage_markdown(stage: str, metrics: dict[str, Any], header: str) -> str:
     """A stage's numbers as markdown (the flow's Prefect artifact): ``header`` (how its task went), the flat
     metrics `dvc metrics show` reads, the evaluation's tables, then every other number of the stage's record,

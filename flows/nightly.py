@@ -34,7 +34,7 @@ from components.artifacts import write_json
 from components.config import PipelineConfig, load_config
 from components.dag import stage_io
 from components.errors import UserError
-from components.evaluation.adhoc import checkpoint_name, evaluate_into
+from components.evaluation.adhoc import checkpoint_name, evaluate_into_folder
 from components.evaluation.alerts import deliver_alert
 from components.evaluation.config import BenchmarkSpec
 from components.evaluation.gate import (
@@ -127,7 +127,7 @@ def planned_evaluation(cfg: PipelineConfig, ckpt: CheckpointSpec, digest: str) -
 def evaluate_promoted(cfg: PipelineConfig, checkpoint: CheckpointSpec, out_dir: Path) -> EvalResult:
     """Evaluate the checkpoint (same runner as the stage) and write records, report and plot data."""
     title = f"Nightly evaluation of `{checkpoint.name}` ({cfg.profile})"
-    result, _ = evaluate_into(cfg, [checkpoint], nightly_benchmarks(cfg), out_dir, title, n_shards=1)
+    result, _ = evaluate_into_folder(cfg, [checkpoint], nightly_benchmarks(cfg), out_dir, title, n_shards=1)
     return result
 
 

@@ -15,10 +15,8 @@ checks and records a stage, not while the stage's command runs, and the flow pas
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
-import re
 import subprocess
 import sys
 import threading
@@ -35,7 +33,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from components.config import PipelineConfig, load_config
 from components.dag import ancestors, independent_stages, load_stages, stage_order
 from components.fingerprint import stage_fingerprint
-from components.reporting import stage_markdown, timing_markdown
+from components.reporting import embed_images, stage_markdown, timing_markdown
 from components.training.memory import gpus_for
 from flows.stage import (
     PARAMS_FILE,
@@ -80,19 +78,6 @@ def _outcome_header(outcome: str, metrics: dict[str, Any], wall_s: float) -> str
         UP_TO_DATE: "up to date: DVC skipped it; the numbers are those of the run that produced its outputs",
         RESTORED: "restored from DVC's run-cache: not run again; the numbers are those of the cached run",
     }.get(outcome, outcome)
-
-
-def embed_images(markdown: str, base: Path) -> str:
-    """``![x](file.png)`` -> ``![x](data:image/png;base64,...)``: a Prefect artifact cannot link files."""
-
-    def inline(match: re.Match[str]) -> str:
-        path = base / match.group(2)
-        if not path.is_file():
-            return match.group(0)
-        data = base64.b64encode(path.read_bytes()).decode()
-        return f"![{match.group(1)}](data:image/png;base64,{data})"
-
-    return re.sub(r"!\[([^\]]*)\]\(([^):]+\.png)\)", inline, markdown)
 
 
 def run_stage_in_flow(

@@ -11,12 +11,11 @@ from components.data.benchmarks import BENCHMARK_NAMES, FieldMap, is_benchmark_f
 from components.errors import UserError
 from components.evaluation.config import BenchmarkSpec
 from components.evaluation.job import EvalJobConfig
-from components.evaluation.outputs import EvalOutputs, write_evaluation
+from components.evaluation.outputs import EvalOutputs, evaluate_into
 from components.evaluation.runner import (
     CheckpointSpec,
     EvalResult,
     checkpoint_spec,
-    evaluate_checkpoints,
     needs_problems_dir,
 )
 
@@ -92,13 +91,13 @@ def evaluate_checkpoint(
         names.append(name)
     specs = benchmark_specs(cfg, names, k, frozenset(preloaded))
     spec = checkpoint_spec(cfg, checkpoint_name(checkpoint), checkpoint, mode)  # type: ignore[arg-type]
-    result, out = evaluate_into(
+    result, out = evaluate_into_folder(
         cfg, [spec], specs, Path(out_dir), f"Ad-hoc evaluation of `{checkpoint}`", preloaded=preloaded
     )
     return {**result.metrics, "report": str(out.report)}
 
 
-def evaluate_into(
+def evaluate_into_folder(
     cfg: EvalJobConfig,
     checkpoints: list[CheckpointSpec],
     benchmarks: list[BenchmarkSpec],
@@ -108,16 +107,16 @@ def evaluate_into(
     preloaded: dict[str, list[dict[str, Any]]] | None = None,
     n_shards: int | None = None,
 ) -> tuple[EvalResult, EvalOutputs]:
-    """Evaluate ``checkpoints`` on ``benchmarks`` and write records/, report/, plots/ and metrics.json
-    under ``out_dir``: what ``npr eval`` and the nightly do (the stage writes into its DVC outputs).
-    ``preloaded``: benchmarks already read (a user's files); ``n_shards``: record shards per checkpoint
-    and benchmark (default ``evaluate.records_shards``)."""
+    """``outputs.evaluate_into`` a folder: records/, report/, plots/ and metrics.json under ``out_dir`` (what
+    ``npr eval`` and the nightly do; the stage writes into its DVC outputs). ``preloaded``: benchmarks already
+    read (a user's files), the others are read from the run's ``sample_orz/problems`` when they need it."""
     preloaded = preloaded or {}
     problems_dir = None
     if needs_problems_dir([s for s in benchmarks if s.name not in preloaded]):
         problems_dir = stage_io("evaluate").input("sample_orz/problems")
-    result = evaluate_checkpoints(cfg, checkpoints, benchmarks, problems_dir, preloaded=preloaded)
     out = EvalOutputs(out_dir / "records", out_dir / "report", out_dir / "plots")
-    write_evaluation(result, out, title, n_shards or cfg.evaluate.records_shards)
+    result = evaluate_into(
+        cfg, checkpoints, benchmarks, out, title, problems_dir=problems_dir, preloaded=preloaded, n_shards=n_shards
+    )
     write_json(out_dir / "metrics.json", result.metrics)
     return result, out

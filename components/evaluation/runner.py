@@ -44,7 +44,7 @@ from components.evaluation.metrics import (
 )
 from components.grading.config import GradingConfig
 from components.grading.judge import judge_many
-from components.ops.sglang_server import check_context_length, context_length_for
+from components.ops.sglang_server import check_context_length, context_length_for, serving
 from components.progress import Task, track
 from components.prompts import prompt_fingerprint, render_prompt
 from components.structure import TagIds, TagTokenError, parse_ids, parse_text, trace_metrics
@@ -637,8 +637,6 @@ def _evaluate_one(
         progress.advance(units)
         return
     if served:
-        from components.ops.sglang_server import serving  # lazy: httpx
-
         model, tokenizer = None, load_tokenizer(ckpt.path)
         log_dir = (
             Path(work_dir) / "server-logs" if work_dir is not None else Path(tempfile.mkdtemp("-sglang"))

@@ -15,11 +15,11 @@ from typing import Any
 
 from components.config import PipelineConfig
 from components.dag import StageIO
-from components.evaluation.outputs import EvalOutputs, write_evaluation
+from components.evaluation.outputs import EvalOutputs, evaluate_into
 from components.evaluation.plots import ACCURACY_PNG, SPEEDUP_PNG
 from components.evaluation.recipe import recipe_summary
 from components.evaluation.report import publish_wandb, read_scale_note
-from components.evaluation.runner import checkpoint_spec, evaluate_checkpoints
+from components.evaluation.runner import EvalResult, checkpoint_spec
 from components.evaluation.spread import committed_spread, read_committed_spread
 
 log = logging.getLogger(__name__)
@@ -43,23 +43,33 @@ def run(cfg: PipelineConfig, io: StageIO) -> dict[str, Any]:
     scale_note = read_scale_note(ecfg.scale_note)
     checkpoints = [checkpoint_spec(cfg, name, io.input(f"{name}/model")) for name in ecfg.checkpoints]
     out = stage_outputs(io)
-    # the stage's work dir (artifacts/evaluate/work, stamped by run_stage) keeps finished checkpoints
-    work = out.report_dir.parent / "work"
-    result = evaluate_checkpoints(cfg, checkpoints, ecfg.benchmarks, io.input("sample_orz/problems"), work)
-    bench = ecfg.recipe_benchmark_name()
-    if bench is not None:  # the paper's comparison with its uncertainty, in the report and metrics.json
-        recipe = recipe_summary(
-            result.metrics, result.records, bench, ecfg.recipe_confidence, ecfg.recipe_resamples
-        )
-        if recipe["rows"]:  # the committed seed spread beside it, or the report says there is none
-            first = recipe["rows"][0]
-            recipe["seed_spread"] = committed_spread(
-                ecfg.seed_spread, seed_spread, bench, first["n_problems"], first["n_samples"]
+
+    def annotate(result: EvalResult) -> None:
+        bench = ecfg.recipe_benchmark_name()
+        if bench is not None:  # the paper's comparison with its uncertainty, in the report and metrics.json
+            recipe = recipe_summary(
+                result.metrics, result.records, bench, ecfg.recipe_confidence, ecfg.recipe_resamples
             )
-        result.metrics["recipe"] = recipe
-    result.metrics["settings"]["scale_note"] = scale_note
+            if recipe["rows"]:  # the committed seed spread beside it, or the report says there is none
+                first = recipe["rows"][0]
+                recipe["seed_spread"] = committed_spread(
+                    ecfg.seed_spread, seed_spread, bench, first["n_problems"], first["n_samples"]
+                )
+            result.metrics["recipe"] = recipe
+        result.metrics["settings"]["scale_note"] = scale_note
+
     # flows/pipeline.py publishes report.md as a Prefect artifact after the stage; nothing to do here.
-    write_evaluation(result, out, f"Evaluation of profile `{cfg.profile}`", ecfg.records_shards)
+    result = evaluate_into(
+        cfg,
+        checkpoints,
+        ecfg.benchmarks,
+        out,
+        f"Evaluation of profile `{cfg.profile}`",
+        problems_dir=io.input("sample_orz/problems"),
+        # the stage's work dir (artifacts/evaluate/work, stamped by run_stage) keeps finished checkpoints
+        work_dir=out.report_dir.parent / "work",
+        annotate=annotate,
+    )
     # W&B run id kept in the stage's work dir (artifacts/evaluate/work, not a DVC out) so reruns resume it.
     images = {"accuracy": out.report_dir / ACCURACY_PNG, "speedup": out.report_dir / SPEEDUP_PNG}
     publish_wandb(cfg, "evaluate", out.report_dir.parent / "work", result.metrics, images)

@@ -239,7 +239,7 @@ def test_the_stage_refuses_a_malformed_file_before_it_decodes(
     def decode(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("decoded before reading the seed spread")
 
-    monkeypatch.setattr(evaluate, "evaluate_checkpoints", decode)
+    monkeypatch.setattr(evaluate, "evaluate_into", decode)
     io = StageIO(stage="evaluate", plots=tmp_path / "plots", outputs={"report": tmp_path / "report"})
     with pytest.raises(SeedSpreadError, match=rf"seed spread file {bad} is malformed"):
         evaluate.run(cfg, io)
