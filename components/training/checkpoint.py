@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, load_model, save_file, save_model
 
 from components.artifacts import atomic_dir
@@ -176,8 +177,6 @@ def load_checkpoint(
 def _check_same_precision(path: Path, model: torch.nn.Module) -> None:
     """A resume continues in the precision it was written in: loading bf16 weights into an fp32 model (or
     the reverse) would silently round them or leave the optimizer without its fp32 master weights."""
-    from safetensors import safe_open  # lazy: safetensors
-
     names = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64}
     with safe_open(str(path / "model.safetensors"), framework="pt") as f:
         saved = {k: names.get(f.get_slice(k).get_dtype()) for k in f.keys()}  # noqa: SIM118

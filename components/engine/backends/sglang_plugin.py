@@ -32,6 +32,8 @@ import dataclasses
 import logging
 from typing import Any
 
+import torch
+
 from components.engine.backends import sglang_isolated as iso
 
 logger = logging.getLogger(__name__)
@@ -118,8 +120,6 @@ def _prefix_masked(backend: Any, kernel: Any) -> Any:
 
 
 def iso_tensor(values: list[int], like: Any) -> Any:
-    import torch  # lazy: torch
-
     return torch.tensor(values, dtype=like.dtype).to(like.device)
 
 
@@ -128,8 +128,6 @@ def iso_extend(
 ) -> tuple[Any, list[Any] | None]:
     """Positions (long[sum extend]) of an extend batch and, when any row is not causal, every request's
     mask rows (causal for unmarked requests); None otherwise."""
-    import torch  # lazy: torch
-
     positions, masked = [], False
     for inp, p, e in zip(inputs, prefix_lens, extend_lens, strict=True):
         if inp is None:

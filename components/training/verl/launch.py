@@ -43,7 +43,22 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+import verl.trainer.config as verl_config
 import yaml
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import OmegaConf
+from transformers import AutoTokenizer
+from verl.trainer.ppo.core_algos import get_adv_estimator_fn, get_policy_loss_fn
+from verl.trainer.ppo.reward import get_custom_reward_fn, resolve_reward_manager_cls
+from verl.utils.config import omega_conf_to_dataclass
+from verl.utils.config import validate_config as verl_validate_config
+from verl.utils.device import auto_set_device
+from verl.utils.import_utils import load_extern_object
+from verl.workers.engine.base import EngineRegistry
+from verl.workers.rollout import base as rollout_base
+from verl.workers.rollout.replica import RolloutReplicaRegistry
 
 from components.artifacts import read_shards
 from components.dag import stage_io
@@ -378,8 +393,6 @@ def write_launch_files(
 
 def verl_config_dir() -> Path:
     """The Hydra config directory packaged with the installed verl."""
-    import verl.trainer.config as verl_config  # lazy: verl
-
     return Path(verl_config.__file__).parent
 
 
@@ -388,9 +401,6 @@ def compose_verl_config(overrides: list[str]) -> Any:
 
     Raises Hydra's error (naming the key) when an override does not exist in this verl version.
     """
-    from hydra import compose, initialize_config_dir  # lazy: hydra
-    from hydra.core.global_hydra import GlobalHydra  # lazy: hydra
-
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(verl_config_dir()), version_base=None):
         return compose(config_name="ppo_trainer", overrides=overrides)
@@ -428,7 +438,6 @@ def write_verl_parquet(
     extra = dict(reward or {})
     if generation:
         extra["generation"] = dict(generation)
-    import pandas as pd  # lazy: pandas
 
     rows = [
         {
@@ -498,8 +507,6 @@ def check_prompt_lengths(
     verl 0.9.1's agent loop cuts a longer prompt from the front and goes on, with a log line only
     (``data.truncation: error`` does not reach it, ``AgentLoopBase._cap_text_prompt_length``): the model
     would be trained on problems with their beginning missing. So the job is refused before it is launched."""
-    from transformers import AutoTokenizer  # lazy: transformers
-
     tokenizer = AutoTokenizer.from_pretrained(str(model_path))
     texts = [render_prompt(tokenizer, p["problem"], prompts_cfg, stage_cfg.prompt_style) for p in problems]
     lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]] if texts else [0]
@@ -519,8 +526,6 @@ def check_tag_tokens(stage: str, model_path: Path | str, schema: str) -> None:
     """ConfigError unless the starting model's tokenizer holds ``schema``'s tags as single tokens: the
     ``npr_parallel`` agent loop and the NPR actor need them, and without them every sample of the job fails
     in its agent loop (found by a real run: a Parallel-R1 job from a model without Parallel-R1's tags)."""
-    from transformers import AutoTokenizer  # lazy: transformers
-
     tokenizer = AutoTokenizer.from_pretrained(str(model_path))
     try:
         TagIds.from_tokenizer(tokenizer, schema)
@@ -737,14 +742,7 @@ def validate_job(stage: str, cfg: VerlJobConfig) -> VerlJobCheck:
     schema = cfg.schema_of(stage)
     env_vars = plugin_env_vars(stage_cfg, schema, cfg.merge_semantics)
 
-    from omegaconf import OmegaConf  # lazy: omegaconf
-    from verl.trainer.ppo.core_algos import get_adv_estimator_fn, get_policy_loss_fn  # lazy: verl
-    from verl.trainer.ppo.reward import get_custom_reward_fn, resolve_reward_manager_cls  # lazy: verl
     from verl.trainer.ppo.utils import need_critic, need_reference_policy  # lazy: verl
-    from verl.utils.config import omega_conf_to_dataclass  # lazy: verl
-    from verl.utils.config import validate_config as verl_validate_config  # lazy: verl
-    from verl.utils.device import auto_set_device  # lazy: verl
-    from verl.workers.engine.base import EngineRegistry  # lazy: verl
 
     config = compose_verl_config(overrides)
     auto_set_device(config)
@@ -856,7 +854,7 @@ def _resolve_trainer(stage: str, config: Any) -> str:
 
         return _qualname(TaskRunner)
     try:
-        import transfer_queue  # noqa: F401  # lazy: transfer_queue (TaskRunnerV1.run imports it)
+        import transfer_queue  # noqa: F401  # lazy: check (TaskRunnerV1.run imports it; a missing one is a ConfigError here)
         from verl.trainer.ppo.v1 import get_trainer_cls  # lazy: verl
     except ImportError as err:
         raise ConfigError(
@@ -874,9 +872,6 @@ def _resolve_trainer(stage: str, config: Any) -> str:
 def _resolve_rollout(stage: str, config: Any) -> str:
     """The rollout replica registered under ``rollout.name``; for the torch rollout also its classes (an
     SGLang or vLLM replica imports its server, which needs CUDA, so only its name is checked here)."""
-    from verl.workers.rollout import base as rollout_base  # lazy: verl
-    from verl.workers.rollout.replica import RolloutReplicaRegistry  # lazy: verl
-
     name = config.actor_rollout_ref.rollout.name
     if name not in RolloutReplicaRegistry._registry:
         raise ConfigError(
@@ -896,8 +891,6 @@ def _resolve_rollout(stage: str, config: Any) -> str:
 
 def _resolve_sampler(stage: str, config: Any) -> str | None:
     """The custom replay buffer the job names (structural-filter stages), loaded as verl loads it."""
-    from verl.utils.import_utils import load_extern_object  # lazy: verl
-
     custom = config.trainer.v1.sampler.get("custom_sampler") or {}
     if not custom.get("path"):
         return None

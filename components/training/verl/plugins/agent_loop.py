@@ -45,6 +45,7 @@ from collections import Counter
 from typing import Any, ClassVar
 from uuid import uuid4
 
+import hydra.utils
 import torch
 from verl.experimental.agent_loop.agent_loop import (
     AgentLoopBase,
@@ -70,11 +71,8 @@ BACKEND = "verl"
 
 def registered_agent_loop(name: str) -> type:
     """The class verl's ``AgentLoopWorker`` instantiates for ``name`` (KeyError if none is registered)."""
-    import hydra.utils  # lazy: hydra
-
-    if name not in _agent_loop_registry:
-        # verl's own loops register when their module is imported, as its agent-loop package does
-        import verl.experimental.agent_loop  # noqa: F401  # lazy: verl
+    # verl's own loops are registered already: importing verl.experimental.agent_loop.agent_loop above runs
+    # the package's __init__, which imports them
     if name not in _agent_loop_registry:
         raise KeyError(f"no agent loop {name!r}; registered: {sorted(_agent_loop_registry)}")
     return hydra.utils.get_class(_agent_loop_registry[name]["_target_"])

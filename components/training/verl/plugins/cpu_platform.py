@@ -34,6 +34,7 @@ from typing import Any
 
 import psutil
 import torch
+import verl.utils.distributed as distributed
 from verl.plugin.platform.platform_base import PlatformBase
 from verl.plugin.platform.platform_manager import PlatformRegistry
 
@@ -183,8 +184,6 @@ def on_cpu_platform() -> bool:
 def _gloo_process_group() -> None:
     """On the CPU platform, verl's process-group setup joins a backend string torch rejects
     (``cpu:gloo,cpu:gloo``); wrap it to initialise plain gloo with the same rank/world/timeout."""
-    import verl.utils.distributed as distributed  # lazy: verl
-
     original = distributed.initialize_global_process_group_ray
     if getattr(original, "_npr_cpu", False):
         return

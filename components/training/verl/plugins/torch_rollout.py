@@ -42,6 +42,9 @@ from typing import Any
 
 import ray
 import torch
+from transformers import AutoModelForCausalLM
+from verl.utils.config import omega_conf_to_dataclass
+from verl.workers.config import HFModelConfig
 from verl.workers.rollout import base as rollout_base
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutMode, RolloutReplica, RolloutReplicaRegistry, TokenOutput
@@ -101,10 +104,6 @@ class TorchRolloutServer:
         replica_rank: int,
         node_rank: int = 0,
     ) -> None:
-        from transformers import AutoModelForCausalLM  # lazy: transformers
-        from verl.utils.config import omega_conf_to_dataclass  # lazy: verl
-        from verl.workers.config import HFModelConfig  # lazy: verl
-
         from components.engine.backends.torch_tokens import TorchTokenGenerator  # lazy: transformers
 
         self.config = omega_conf_to_dataclass(config)
