@@ -16,8 +16,8 @@ Qwen3 of the same proportions in fp32), through the project's own code:
   ``<guideline>`` of three plans: the engine forks at ``</guideline>`` and merges at ``<takeaway>``); the
   log-probs it recorded against the trainer's teacher forcing (``rl_batch.build_policy_batch`` +
   ``response_log_probs``): mean, p99 and max of the absolute difference over the post-merge tokens
-  (``components.structure.post_merge_mask``), the pre-merge ones in the note. Three rows: merge_mode ``shared_kv``
-  against the trainer's ``isolated`` semantics (exact), ``reprefill`` against ``isolated`` (off after the
+  (``components.structure.post_merge_mask``), the pre-merge ones in the note. Three rows: merge_mode
+  ``shared_kv`` against the trainer's ``isolated`` semantics (exact), ``reprefill`` against ``isolated`` (off after the
   merge: the contrast) and ``reprefill`` against ``reread`` (exact). The random model never closes its
   ``<takeaway>``; a closing tag is appended after the last compared token (causal: it changes none).
 - **Decode speed**, sequential and parallel through the engine, at batch 1 (1024 new tokens) and batch 64
@@ -322,7 +322,9 @@ def exact_merge_rows(model, tok, tags, batch: int, new_tokens: int, micro: int =
         gens, rollouts = [g for g, _ in kept], [r for _, r in kept]
         forked = sum(g.parallel_taken for g in gens)
         masks = [
-            torch.from_numpy(post_merge_mask(r.prompt_ids + r.response_ids, tags, len(r.prompt_ids))[: len(g.token_ids)])
+            torch.from_numpy(post_merge_mask(r.prompt_ids + r.response_ids, tags, len(r.prompt_ids)))[
+                : len(g.token_ids)
+            ]
             for g, r in kept
         ]
         post_tokens = sum(int(m.sum()) for m in masks)

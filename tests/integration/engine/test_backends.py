@@ -247,8 +247,8 @@ def test_parallel_structure_positions_and_branch_logprobs(world, backend, case: 
         sources = prediction_sources(mask)[p : p + k]
         tf = lp[sources].gather(-1, torch.tensor(g.token_ids)[:, None]).squeeze(-1)
         got = torch.tensor(g.logprobs)
-        # one rule for "after the merge" (components.structure.post_merge_mask, a parse of the ids) agrees with
-        # the engine's own block ledger: from the end of the first merged block of 2+ branches on
+        # one rule for "after the merge" (components.structure.post_merge_mask, a parse of the ids) agrees
+        # with the engine's own block ledger: from the end of the first merged block of 2+ branches on
         first = next((b for b in g.blocks if b.merged and b.n_branches >= 2), None)
         ledger = [first is not None and i >= first.start + sum(first.branch_tokens) for i in range(k)]
         post = torch.from_numpy(post_merge_mask(ids, tags, p)[:k])

@@ -220,3 +220,27 @@ def test_checker_sees_an_unmarked_lazy_import(tmp_path: Path) -> None:
         "def c():\n    import shutil\n    return shutil\n"
     )
     assert unmarked_lazy_imports(tmp_path) == ["components/m.py:14: import shutil"]
+
+
+def untyped_configs(root: Path) -> list[str]:
+    """``file:line`` of every parameter named ``cfg`` annotated ``Any`` under components/ and flows/."""
+    return [
+        f"{path.relative_to(root).as_posix()}:{node.lineno}"
+        for path in project_modules(root).values()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.arg)
+        and node.arg == "cfg"
+        and node.annotation is not None
+        and ast.unparse(node.annotation) == "Any"
+    ]
+
+
+def test_no_function_takes_the_whole_config_untyped(tmp_path: Path) -> None:
+    """docs/architecture.md: a lower floor names what it reads of the config (its section or a Protocol);
+    no parameter under components/ or flows/ is the whole config typed ``Any``."""
+    found = untyped_configs(ROOT)
+    assert not found, "cfg: Any parameters:\n" + "\n".join(f"  {f}" for f in found)
+    (tmp_path / "components").mkdir()
+    (tmp_path / "flows").mkdir()
+    (tmp_path / "components" / "m.py").write_text("def f(cfg: Any, gen_cfg: Any) -> None: ...\n")
+    assert untyped_configs(tmp_path) == ["components/m.py:1"]  # the checker sees one

@@ -105,8 +105,8 @@ def test_fork_branches_merge_and_positions(tok) -> None:
     assert gen.blocks[0].merged and gen.blocks[0].branch_tokens == [longest, len(branches[1].forced) + 2]
     assert gen.position_ids[len(first.forced)] == g + 1 and gen.position_ids[-2] == g + longest + 1
     assert gen.merge_mode == "reprefill"
-    # the ledger the post-merge rule is checked against (tests/integration/engine/test_backends.py): the merged
-    # block ends right before the last two tokens (<takeaway> and 60), the ones sampled after the merge
+    # the ledger the post-merge rule is checked against (tests/integration/engine/test_backends.py): the
+    # merged block ends right before the last two tokens (<takeaway> and 60), the ones sampled after the merge
     assert gen.blocks[0].start + sum(gen.blocks[0].branch_tokens) == len(gen.token_ids) - 2
 
 

@@ -45,12 +45,14 @@ def test_checkpoint_keys_name_a_checkpoint_or_a_model_stage(in_repo: Path) -> No
     """prompt_style_overrides and speedup.checkpoints are checked against the pipeline's stage table, where a
     model stage left out of a narrowed run is known, and a typo is not."""
     narrowed = ["evaluate.checkpoints=[seed]", "evaluate.parallel_checkpoints=[]"]
+    typo = "evaluate.prompt_style_overrides={sr_lr: sequential}"
+    left_out = "evaluate.prompt_style_overrides={sr_rl: sequential}"
     with pytest.raises(ConfigError, match=r"evaluate.prompt_style_overrides \['sr_lr'\]"):
-        load_config(profile="tiny", overrides=[*narrowed, "evaluate.prompt_style_overrides={sr_lr: sequential}"])
+        load_config(profile="tiny", overrides=[*narrowed, typo])
     with pytest.raises(ConfigError, match=r"evaluate.speedup.checkpoints \['papo_r'\]"):
         load_config(profile="tiny", overrides=[*narrowed, "evaluate.speedup.checkpoints=[papo_r]"])
     # A model stage left out of a narrowed run is fine: the override applies when it is evaluated.
-    cfg = load_config(profile="tiny", overrides=[*narrowed, "evaluate.prompt_style_overrides={sr_rl: sequential}"])
+    cfg = load_config(profile="tiny", overrides=[*narrowed, left_out])
     assert cfg.evaluate.prompt_style_for("seed") == "parallel"
     assert cfg.evaluate.prompt_style_for("sr_rl") == "sequential"
 

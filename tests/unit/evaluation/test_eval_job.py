@@ -1,5 +1,5 @@
-"""EvalJobConfig lists exactly the attributes the runner, ``evaluate_into`` and ``npr eval`` read of ``cfg`` (that PipelineConfig
-has each of them, with the declared type, is tests/unit/core/test_config_protocols.py)."""
+"""EvalJobConfig lists exactly the attributes the runner, ``evaluate_into`` and ``npr eval`` read of ``cfg``
+(that PipelineConfig has each of them, with the declared type, is tests/unit/core/test_config_protocols.py)."""
 
 from __future__ import annotations
 
