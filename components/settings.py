@@ -48,10 +48,13 @@ class RunConfig(StrictModel):
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     # Compute precision of the local trainers' forward and backward (SFT, RL updates; verl has its own) over
     # float32 weights: bfloat16 autocast keeps fp32 weights, gradients and AdamW
-    # (components.training.precision). On this machine's AVX512-BF16 cores it ran an SFT step 1.37x
-    # (parallel) / 1.53x (causal) faster at one thread, the loss within 2e-5 (benchmarks/bench_sft.py).
-    # Generation (the engine) stays in the model's dtype. null = the weights' own dtype throughout.
-    autocast: Literal["bfloat16"] | None = None
+    # (components.training.precision). On AVX512-BF16 cores it ran an SFT step 1.37x (parallel) / 1.53x
+    # (causal) faster at one thread, the loss within 2e-5 (benchmarks/bench_sft.py); on cores without native
+    # bf16 it is emulated, ~50x slower per matmul (benchmarks/bench_precision.py). auto = bfloat16 only where
+    # the device computes it natively, the weights' own dtype elsewhere (precision.resolve_autocast; the
+    # choice is logged and recorded in every stage's provenance). Generation (the engine) stays in the
+    # model's dtype. null = the weights' own dtype throughout.
+    autocast: Literal["auto", "bfloat16"] | None = None
     torch_threads: int = Field(2, ge=1, le=256)
     artifacts_dir: str = "artifacts"
 

@@ -3,7 +3,7 @@
 ``run_stage`` is the only caller: it resolves the stage's paths from dvc.yaml, applies the run-wide
 settings, opens the stage's W&B run, calls ``run`` and writes what the stage reports: ``metrics.json``
 (everything it returned, with the provenance every run records: profile, prompt hash, the lock the
-environment was installed from and its sha256, Python, threads), the flat DVC metrics file and the
+environment was installed from and its sha256, Python, threads, the compute precision), the flat DVC metrics file and the
 training curves (``components.reporting``); then it logs to W&B the flat metrics, the rejection categories
 and references to the datasets and checkpoints the stage consumed and produced.
 """
@@ -32,6 +32,7 @@ from components.prompts import prompt_fingerprint
 from components.tracking import stage_run
 from components.training.distributed import is_main_process
 from components.training.memory import check_before_run
+from components.training.precision import run_precision
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +85,8 @@ def run_stage(name: str, cfg: PipelineConfig, io: StageIO | None = None) -> dict
             "environment": environment(),
             "python": platform.python_version(),
             "torch_threads": threads,
+            # what run.autocast resolved to here (auto: bf16 only on a device that computes it natively)
+            "precision": run_precision(cfg.run).as_dict(cfg.run.dtype),
         }
         if main:
             write_reports(name, io, metrics, own_plots=getattr(module, "WRITES_PLOTS", False))

@@ -25,13 +25,20 @@ which this recipe does not do (use bfloat16).
 from __future__ import annotations
 
 import contextlib
+import functools
+import logging
+import os
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from components.settings import RunConfig
+
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 MASTER_KEY = "master_weights"
+log = logging.getLogger(__name__)
 
 
 class PrecisionError(ValueError):
@@ -160,18 +167,106 @@ def stepped_parameters(model: torch.nn.Module, optimizer: torch.optim.Optimizer)
     return model.parameters()
 
 
+# What ``run.autocast`` may say: bf16 compute, the weights' own dtype (None), or ``auto``: bf16 where the device
+# computes it natively, the weights' own dtype elsewhere (``resolve_autocast``).
+AUTO = "auto"
+# oneDNN ISAs (ONEDNN_MAX_CPU_ISA) that include native bf16 dot products; a cap below these makes oneDNN
+# emulate bf16 whatever the silicon has (how benchmarks/bench_precision.py reproduces an AVX2 core).
+_ONEDNN_BF16_ISAS = frozenset(
+    {"AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX512_CORE_AMX", "AVX512_CORE_AMX_FP16", "AVX10_1_512",
+     "AVX10_1_512_AMX", "AVX10_1_512_AMX_FP16", "AVX10_2_512", "AVX10_2_512_AMX_2", "ALL", "DEFAULT"}
+)
+
+
+@dataclass(frozen=True)
+class PrecisionChoice:
+    """What ``run.autocast`` resolved to on one device: the compute dtype of the trainers' forward (None =
+    the weights' own dtype) and why, in words a person reads in the run's log, provenance and report."""
+
+    setting: str | None
+    dtype: str | None
+    reason: str
+
+    def as_dict(self, weights_dtype: str) -> dict[str, str | None]:
+        """For a record: the setting, the compute dtype (``weights_dtype`` where no autocast) and why."""
+        return {"autocast": self.setting, "compute_dtype": self.dtype or weights_dtype, "reason": self.reason}
+
+
+def native_bf16(device_type: str) -> tuple[bool, str]:
+    """Whether ``device_type`` computes bf16 matmuls natively (True) or emulates them, and the evidence.
+
+    Why it matters: on x86 cores without AVX512-BF16 or AMX, torch falls back to emulated bf16 kernels: a
+    512x512 matmul took 205-215 ms in bf16 against 4 ms in fp32 on a 2-core AVX2 EPYC (50x), so a bf16
+    autocast there turns a 20-minute run into hours (issue 43). On CPU the silicon's flags are not enough:
+    ``ATEN_CPU_CAPABILITY`` and ``ONEDNN_MAX_CPU_ISA`` can cap torch below them (how the AVX2 kind is
+    reproduced on any machine), so the capability torch actually dispatches to is read too.
+    """
+    if device_type == "cuda":
+        if not torch.cuda.is_available():
+            return False, "no CUDA device is available"
+        name = torch.cuda.get_device_name()
+        if torch.cuda.is_bf16_supported(including_emulation=False):
+            return True, f"{name} computes bf16 natively"
+        return False, f"{name} has no native bf16"
+    if device_type != "cpu":
+        return False, f"no native-bf16 check for device type {device_type!r}"
+    capability = torch.backends.cpu.get_cpu_capability()
+    flags = [name for name, has in (("AVX512-BF16", torch.cpu._is_avx512_bf16_supported()),
+                                    ("AMX", torch.cpu._is_amx_tile_supported())) if has]
+    if not flags:
+        return False, f"this CPU reports neither AVX512-BF16 nor AMX (torch's capability {capability})"
+    if not capability.startswith("AVX512"):
+        return False, f"this CPU has {'+'.join(flags)} but torch dispatches to {capability} (ATEN_CPU_CAPABILITY)"
+    onednn_cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper()
+    if onednn_cap and onednn_cap not in _ONEDNN_BF16_ISAS:
+        return False, f"this CPU has {'+'.join(flags)} but ONEDNN_MAX_CPU_ISA={onednn_cap} caps oneDNN below it"
+    return True, f"this CPU reports {'+'.join(flags)} (torch's capability {capability})"
+
+
+@functools.cache
+def _resolve(setting: str | None, device_type: str) -> PrecisionChoice:
+    if setting is None:
+        return PrecisionChoice(None, None, "run.autocast is null: the weights' own dtype throughout")
+    if setting not in (AUTO, "bfloat16"):
+        raise PrecisionError(f"run.autocast {setting!r}: only bfloat16, auto (or null) is supported")
+    if setting == "bfloat16":
+        return PrecisionChoice(setting, "bfloat16", "run.autocast is bfloat16 (set explicitly)")
+    native, evidence = native_bf16(device_type)
+    if native:
+        choice = PrecisionChoice(setting, "bfloat16", f"auto: bfloat16, {evidence}")
+    else:
+        choice = PrecisionChoice(setting, None, f"auto: the weights' own dtype, {evidence} (bf16 would be emulated)")
+    log.info("precision on %s: %s", device_type, choice.reason)  # once per process and device (cached)
+    return choice
+
+
+def resolve_autocast(setting: str | None, device: torch.device | str) -> PrecisionChoice:
+    """``run.autocast`` on ``device``: an explicit value wins; ``auto`` is bfloat16 only where the device
+    computes bf16 natively (``native_bf16``), else the weights' own dtype. Decided once per process and
+    device (the answer cannot change while it runs); logged the first time."""
+    return _resolve(setting, torch.device(device).type)
+
+
+def run_precision(run: RunConfig) -> PrecisionChoice:
+    """``run.autocast`` on the device ``run.device`` names (``auto``: CUDA when present). Unlike loading a
+    model it does not raise for a CUDA device that is missing: a stage that loads no model (a cpu-pool stage
+    of a GPU profile) still records what its training would compute in."""
+    cuda = run.device == "cuda" or (run.device == "auto" and torch.cuda.is_available())
+    return resolve_autocast(run.autocast, "cuda" if cuda else "cpu")
+
+
 def compute_autocast(dtype: str | None, device: torch.device | str) -> contextlib.AbstractContextManager:
-    """``torch.autocast`` to ``dtype`` on ``device``'s type around a trainer's forward, or a no-op (None).
+    """``torch.autocast`` to ``dtype`` on ``device``'s type around a trainer's forward, or a no-op (None, or
+    ``auto`` on a device without native bf16: ``resolve_autocast``).
 
     The weights, their gradients and the AdamW state keep the model's dtype; matmuls and attention run in
     ``dtype``. Why: on CPU cores with AVX512-BF16 an SFT step of the tiny model ran 1.37x (parallel mask) /
     1.53x (causal) faster than fp32, with the step's loss within 2e-5 relative (benchmarks/bench_sft.py,
-    one thread).
+    one thread); on cores without it bf16 is emulated and many times slower (``native_bf16``).
     """
+    dtype = resolve_autocast(dtype, device).dtype
     if dtype is None:
         return contextlib.nullcontext()
-    if dtype not in ("bfloat16",):
-        raise PrecisionError(f"run.autocast {dtype!r}: only bfloat16 (or null) is supported")
     device_type = torch.device(device).type
     if not torch.amp.is_autocast_available(device_type):
         # ``meta`` (shape-only tensors, the device-placement tests): there is no arithmetic to lower

@@ -201,6 +201,11 @@ def test_every_stage_records_the_lock_and_its_hash_next_to_the_prompt_hash(
     assert env["lock"] == "requirements.lock"
     assert env["lock_sha256"] == hashlib.sha256(CPU_LOCK.read_bytes()).hexdigest()
     assert env == envlock.environment(ROOT)
+    # the compute precision run.autocast resolved to on this machine, and why (issue 43)
+    from components.training.precision import run_precision
+
+    assert provenance["precision"]["autocast"] == "auto"
+    assert provenance["precision"] == run_precision(load_config(profile="tiny").run).as_dict("float32")
 
 
 def test_a_replacement_must_name_a_dependency(tmp_path: Path) -> None:

@@ -384,3 +384,88 @@ def test_run_autocast_reaches_the_rl_update(world, tmp_path):
         assert all(p.dtype == torch.float32 for p in m.parameters())
     assert set(seen["null"]) == {torch.float32}
     assert seen["bfloat16"][torch.bfloat16] > 0
+
+
+# --------------------------------------------------------------------------- run.autocast: auto (issue 43)
+from components.settings import RunConfig  # noqa: E402
+from components.training import precision  # noqa: E402
+
+
+@pytest.fixture()
+def cpu_reports(monkeypatch):
+    """Make torch report a CPU: its bf16 flags and the capability it dispatches to (the decision is cached
+    per process, so the cache is cleared around each case)."""
+
+    def report(avx512_bf16: bool, amx: bool, capability: str, onednn: str | None = None) -> None:
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+        if onednn is None:
+            monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+        else:
+            monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", onednn)
+        precision._resolve.cache_clear()
+
+    yield report
+    precision._resolve.cache_clear()
+
+
+@pytest.mark.parametrize(
+    "avx512_bf16, amx, capability, onednn, expected",
+    [
+        (False, False, "AVX2", None, None),  # the common AVX2 core: bf16 would be emulated
+        (False, False, "AVX512", None, None),  # AVX-512 without its bf16 extension: still emulated
+        (True, False, "AVX512", None, "bfloat16"),  # AVX512-BF16
+        (False, True, "AVX512", None, "bfloat16"),  # AMX
+        (True, True, "AVX2", None, None),  # ATEN_CPU_CAPABILITY=avx2 on a bf16 machine: the emulation
+        (True, False, "AVX512", "AVX2", None),  # oneDNN capped below bf16
+        (True, False, "AVX512", "avx512_core_amx", "bfloat16"),  # a cap that keeps bf16
+    ],
+)
+def test_auto_picks_bf16_only_where_the_cpu_computes_it_natively(
+    cpu_reports, avx512_bf16, amx, capability, onednn, expected
+):
+    cpu_reports(avx512_bf16, amx, capability, onednn)
+    choice = precision.resolve_autocast("auto", "cpu")
+    assert choice.dtype == expected
+    assert choice.setting == "auto" and choice.reason.startswith("auto: ")
+    assert ("emulated" in choice.reason) == (expected is None)
+    inside = precision.compute_autocast("auto", "cpu")
+    with inside:
+        assert torch.is_autocast_enabled("cpu") == (expected == "bfloat16")
+
+
+def test_an_explicit_autocast_wins_over_the_machine(cpu_reports):
+    cpu_reports(False, False, "AVX2")
+    assert precision.resolve_autocast("bfloat16", "cpu").dtype == "bfloat16"
+    with precision.compute_autocast("bfloat16", "cpu"):
+        assert torch.get_autocast_dtype("cpu") == torch.bfloat16 and torch.is_autocast_enabled("cpu")
+    assert precision.resolve_autocast(None, "cpu").dtype is None
+    cpu_reports(True, True, "AVX512")
+    assert precision.resolve_autocast(None, "cpu").dtype is None
+
+
+def test_auto_on_this_machine_matches_what_torch_reports():
+    # no monkeypatching: the real decision agrees with torch's own flags and capability
+    precision._resolve.cache_clear()
+    native = (torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()) and (
+        torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+    )
+    choice = precision.run_precision(RunConfig(autocast="auto"))
+    assert (choice.dtype == "bfloat16") == bool(native)
+    record = choice.as_dict("float32")
+    assert record["autocast"] == "auto" and record["compute_dtype"] in ("bfloat16", "float32")
+    precision._resolve.cache_clear()
+
+
+def test_a_cuda_run_without_cuda_records_its_precision_without_raising(cpu_reports):
+    cpu_reports(True, True, "AVX512")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    choice = precision.run_precision(RunConfig(device="cuda", autocast="auto"))
+    assert choice.dtype is None and "no CUDA device" in choice.reason
+
+
+def test_an_unknown_autocast_is_refused():
+    with pytest.raises(PrecisionError, match="float16"):
+        precision.resolve_autocast("float16", "cpu")
