@@ -22,6 +22,7 @@ from typer.core import TyperGroup
 
 from components.env import apply_defaults
 from components.errors import UserError
+from components.ops.supervise import run_supervised
 from components.tracking import own_wandb_service
 
 # Not bugs: what the user has to fix (the messages name the file, the key, the line)
@@ -34,6 +35,8 @@ USER_ERRORS = (
     ConnectionError,
 )
 USER_ERROR_EXIT = 2
+# Set in the child that runs `npr run`'s flow under the supervising `npr run` (components.ops.supervise)
+FLOW_CHILD_ENV = "NPR_RUN_FLOW_CHILD"
 
 
 def user_error_line(err: BaseException) -> str:
@@ -265,6 +268,16 @@ def run(
     elif set_:
         override_params(set_)
     cfg = _load()
+    if not os.environ.get(FLOW_CHILD_ENV):
+        from components.training.precision import run_precision  # lazy: torch
+
+        # said once per run; every stage's record keeps it (provenance.precision)
+        typer.echo(f"precision (run.autocast={cfg.run.autocast}): {run_precision(cfg.run).reason}")
+        # The flow runs in a child process this one stops, with everything under it, within seconds of a
+        # SIGINT/SIGTERM/SIGHUP, whatever Prefect's server is doing (components.ops.supervise).
+        npr = Path(sys.executable).with_name("npr")
+        child = [str(npr) if npr.exists() else "npr", "run", "--stages", ",".join(selected)]
+        raise typer.Exit(run_supervised(child, {**os.environ, FLOW_CHILD_ENV: "1"}))
     from flows.pipeline import npr_pipeline  # lazy: prefect
 
     state = npr_pipeline(profile=cfg.profile, stages=selected, return_state=True)
