@@ -26,6 +26,7 @@ STOP_WITHIN_S = 10.0
 def clone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     repo = tmp_path_factory.mktemp("npr_run_signals") / "repo"
     subprocess.run(["git", "clone", "-q", str(REPO), str(repo)], check=True)
+    subprocess.run([str(VENV_BIN / "npr"), "data", "fetch"], cwd=repo, check=True, capture_output=True)
     yield repo
 
 
