@@ -22,9 +22,9 @@ nothing. Both print, per checkpoint of the recipe benchmark, each run's value, t
 (max - min) of avg@n, format-valid, parallel rate, ideal and achieved speedup, and each run's `make run`
 minutes; ``--json PATH`` writes the aggregate (``evaluate.seed_spread`` names the committed one):
 
-    .venv/bin/python benchmarks/bench_recipe.py --seeds 3 --workdir ../seed-runs --json eval/seed_spread/tiny.json
+    .venv/bin/python benchmarks/bench_recipe.py --seeds 3 --workdir ../seed-runs --json eval/seed_spread/tiny-bfloat16.json
     .venv/bin/python benchmarks/bench_recipe.py --from-dirs ../seed-runs/seed-0 ../seed-runs/seed-1 \
-        ../seed-runs/seed-2 --json eval/seed_spread/tiny.json
+        ../seed-runs/seed-2 --json eval/seed_spread/tiny-bfloat16.json
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ from components.evaluation.spread import (  # noqa: E402
     SpreadRun,
     aggregate,
     spread_markdown,
+    training_precision,
     write_seed_spread,
 )
 
@@ -193,11 +194,11 @@ def run_seeds(
             if not keep:
                 clones.append(clone)
         metrics.append(json.loads(kept_metrics.read_text()))
-        runs.append(_spread_run(clone, record))
+        runs.append(_spread_run(clone, record, metrics[-1]))
     return metrics, runs, clones
 
 
-def _spread_run(workspace: Path, record: dict[str, Any]) -> SpreadRun:
+def _spread_run(workspace: Path, record: dict[str, Any], eval_metrics: dict[str, Any]) -> SpreadRun:
     walls = [a["wall_s"] for a in record.get("attempts", []) if a.get("wall_s") is not None]
     return SpreadRun(
         # the workdir and the clone's name, not this machine's absolute path (the file is committed)
@@ -206,6 +207,7 @@ def _spread_run(workspace: Path, record: dict[str, Any]) -> SpreadRun:
         commit=record.get("commit") or _head(workspace),
         make_run_minutes=round(sum(walls) / 60, 2) if walls else None,
         seeds=record.get("seeds"),
+        precision=training_precision(eval_metrics),
     )
 
 
@@ -221,7 +223,7 @@ def from_dirs(dirs: Sequence[Path]) -> tuple[list[dict[str, Any]], list[SpreadRu
         record = _read_record(d)
         if "seeds" not in record and (d / "params.yaml").exists():
             record["seeds"] = _seeds_of(d)
-        run = _spread_run(d, record)
+        run = _spread_run(d, record, metrics[-1])
         runs.append(run.model_copy(update={"commit": _head(d) or run.commit}))
     return metrics, runs
 
@@ -287,7 +289,7 @@ def _parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--from-dirs", nargs="+", type=Path, help="aggregate finished workspaces, run nothing"
     )
     spread.add_argument(
-        "--json", type=Path, help="write the aggregate here (e.g. eval/seed_spread/tiny.json)"
+        "--json", type=Path, help="write the aggregate here (e.g. eval/seed_spread/tiny-bfloat16.json)"
     )
     args = parser.parse_args(argv)
     if args.seeds is not None and args.from_dirs:

@@ -96,7 +96,9 @@ class EvaluateConfig(StrictModel):
     # The committed seed spread of the recipe (components/evaluation/spread.py: N runs of one commit with
     # shifted training seeds, written by benchmarks/bench_recipe.py --json): the report sets its mean and
     # spread beside each checkpoint's avg@n. None = none committed; a path that does not exist (yet) is
-    # reported as such. Keep it under a directory that dvc.yaml's evaluate stage depends on.
+    # reported as such. `{precision}` in it is the compute precision this run's training resolved to
+    # (run.autocast: bfloat16 or float32), so a run is compared with the spread of its own precision.
+    # Keep it under a directory that dvc.yaml's evaluate stage depends on.
     seed_spread: str | None = Field(None, min_length=1)
     # A markdown note on what this profile's run can and cannot show (the miniature's scale), printed at the
     # top of the report. None = none. Keep it under a directory the evaluate stage depends on (eval/notes).

@@ -143,6 +143,17 @@ def _merge_line(merge: Mapping[str, Any] | None) -> list[str]:
     return [f"Merge: semantics {merge['semantics']}, decoded with {merge['mode']} ({how})."]
 
 
+def _precision_line(precision: Mapping[str, Any] | None) -> list[str]:
+    """Which compute precision trained the checkpoints (``run.autocast`` as resolved; issue 43): bf16 and
+    fp32 training give different numbers, and the seed spread shown is of the same precision."""
+    if not precision:
+        return []
+    return [
+        f"Training precision: {precision['compute_dtype']} compute (run.autocast={precision['autocast']}; "
+        f"{precision['reason']})."
+    ]
+
+
 def _engine_settings_line(checkpoints: Mapping[str, Any]) -> list[str]:
     """The checkpoints decoded with their own engine settings (Parallel-R1's paths and token budget), so a
     reader sees that their samples had another budget than the sampling line's."""
@@ -180,6 +191,7 @@ def render_report(eval_metrics: Mapping[str, Any], title: str, images: Sequence[
         "",
         f"Sampling: {sampling}. Prompt hash `{s['prompt_hash']}`. Engine: {engine}.",
         *_merge_line(s.get("merge")),
+        *_precision_line(s.get("training_precision")),
         *_engine_settings_line(eval_metrics["checkpoints"]),
         "Accuracy is avg@n: the fraction of the n samples of a problem that are correct, averaged over "
         "problems (in %). pass@k is the unbiased estimator. Parallel rate counts responses with at least one "

@@ -56,22 +56,27 @@ class CheckpointSpread(StrictModel):
 
 class SpreadRun(StrictModel):
     """One run: its workspace, its seed offset (None when not known), its commit and `make run` wall time,
-    and its training seeds by key path (``components.config.training_seeds``)."""
+    its training seeds by key path (``components.config.training_seeds``) and the compute precision its
+    training ran in (``provenance.precision.compute_dtype`` of its stages; None when not recorded)."""
 
     source: str
     offset: int | None = None
     commit: str | None = None
     make_run_minutes: float | None = None
     seeds: dict[str, int] | None = None
+    precision: str | None = None
 
 
 class SeedSpread(StrictModel):
-    """The file ``bench_recipe.py --json`` writes and ``evaluate.seed_spread`` names."""
+    """The file ``bench_recipe.py --json`` writes and ``evaluate.seed_spread`` names. ``precision``: the
+    compute precision every run trained in (bf16 and fp32 training are different recipes numerically, so a
+    spread is of one; issue 43)."""
 
     benchmark: str
     n_problems: int
     n_samples: int
     sampling: dict[str, Any]
+    precision: str | None = None
     runs: list[SpreadRun]
     checkpoints: dict[str, CheckpointSpread]
 
@@ -79,6 +84,9 @@ class SeedSpread(StrictModel):
     def _one_value_per_run(self) -> SeedSpread:
         if not self.runs:
             raise ValueError("no runs")
+        mixed = {r.precision for r in self.runs if r.precision is not None} - {self.precision}
+        if mixed:
+            raise ValueError(f"runs trained in {sorted(mixed)} in a spread of precision {self.precision}")
         for name, ckpt in self.checkpoints.items():
             for metric, m in ckpt.metrics.items():
                 if len(m.values) != len(self.runs):
@@ -111,6 +119,12 @@ def run_values(eval_metrics: Mapping[str, Any], benchmark: str) -> dict[str, dic
             "achieved_speedup": None if achieved is None else float(achieved),
         }
     return out
+
+
+def training_precision(eval_metrics: Mapping[str, Any]) -> str | None:
+    """The compute precision a run's training resolved to, as its evaluate stage recorded it (None for a run
+    from before it was recorded)."""
+    return ((eval_metrics.get("settings") or {}).get("training_precision") or {}).get("compute_dtype")
 
 
 def metric_spread(values: Sequence[float | None]) -> MetricSpread:
@@ -180,12 +194,17 @@ def aggregate(
         )
         for name in names
     }
+    precisions = {r.precision for r in runs}
+    if len(precisions) > 1:
+        listed = ", ".join(f"{r.source}: {r.precision}" for r in runs)
+        raise SeedSpreadError(f"the runs trained in different precisions ({listed}); a spread is of one")
     n_problems, n_samples = shapes[0]
     return SeedSpread(
         benchmark=benchmark,
         n_problems=n_problems,
         n_samples=n_samples,
         sampling=samplings[0],
+        precision=precisions.pop(),
         runs=runs,
         checkpoints=checkpoints,
     )
@@ -214,8 +233,17 @@ def load_seed_spread(path: Path) -> SeedSpread:
         ) from None
 
 
+PRECISION_FIELD = "{precision}"
+
+
+def spread_path(setting: str | None, precision: str) -> str | None:
+    """The file ``evaluate.seed_spread`` names for a run that trained in ``precision``: the setting with
+    ``{precision}`` replaced (one committed spread per precision), or the setting itself."""
+    return None if setting is None else setting.replace(PRECISION_FIELD, precision)
+
+
 def read_committed_spread(path: str | None) -> SeedSpread | None:
-    """The committed spread ``evaluate.seed_spread`` names: None when that is null or the file does not
+    """The committed spread at ``path`` (``spread_path``): None when that is null or the file does not
     exist; a malformed file raises (the evaluate stage reads it before it decodes anything)."""
     if path is None or not Path(path).exists():
         return None
@@ -223,11 +251,17 @@ def read_committed_spread(path: str | None) -> SeedSpread | None:
 
 
 def committed_spread(
-    path: str | None, spread: SeedSpread | None, benchmark: str, n_problems: int, n_samples: int
+    path: str | None,
+    spread: SeedSpread | None,
+    benchmark: str,
+    n_problems: int,
+    n_samples: int,
+    precision: str | None = None,
 ) -> dict[str, Any]:
     """What the report says about the committed spread (``path``, read by ``read_committed_spread``), as a
     plain dict: ``state`` is ``unset`` (null), ``absent`` (no such file), ``mismatch`` (measured on another
-    benchmark or size; ``detail`` says which) or ``shown`` (``spread`` is the file's content)."""
+    benchmark or size, or with training in another precision than this run's ``precision``; ``detail``
+    says which) or ``shown`` (``spread`` is the file's content)."""
     if path is None:
         return {"file": None, "state": "unset"}
     if spread is None:
@@ -238,6 +272,9 @@ def committed_spread(
             f"it was measured on {spread.benchmark} ({spread.n_problems} problems x {spread.n_samples} samples), "
             f"this run on {benchmark} ({n_problems} x {n_samples})"
         )
+        return {"file": path, "state": "mismatch", "detail": detail}
+    if precision is not None and spread.precision is not None and spread.precision != precision:
+        detail = f"its runs trained in {spread.precision}, this run in {precision}"
         return {"file": path, "state": "mismatch", "detail": detail}
     return {"file": path, "state": "shown", "spread": spread.model_dump(mode="json")}
 

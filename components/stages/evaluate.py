@@ -20,7 +20,8 @@ from components.evaluation.plots import ACCURACY_PNG, SPEEDUP_PNG
 from components.evaluation.recipe import recipe_summary
 from components.evaluation.report import publish_wandb, read_scale_note
 from components.evaluation.runner import EvalResult, checkpoint_spec
-from components.evaluation.spread import committed_spread, read_committed_spread
+from components.evaluation.spread import committed_spread, read_committed_spread, spread_path
+from components.training.precision import run_precision
 
 log = logging.getLogger(__name__)
 
@@ -37,9 +38,14 @@ def stage_outputs(io: StageIO) -> EvalOutputs:
 
 def run(cfg: PipelineConfig, io: StageIO) -> dict[str, Any]:
     ecfg = cfg.evaluate
+    # The compute precision the run's training resolved to (run.autocast; the pipeline's stages run on one
+    # machine, and each stage's record keeps its own in provenance.precision): the report says it, and the
+    # committed seed spread compared with is the one of that precision.
+    precision = run_precision(cfg.run).as_dict(cfg.run.dtype)
     # the committed seed spread (evaluate.seed_spread; its directory a dep in dvc.yaml), read first: a
     # malformed file fails the stage before the decode, not after it
-    seed_spread = read_committed_spread(ecfg.seed_spread)
+    spread_file = spread_path(ecfg.seed_spread, precision["compute_dtype"])
+    seed_spread = read_committed_spread(spread_file)
     scale_note = read_scale_note(ecfg.scale_note)
     checkpoints = [checkpoint_spec(cfg, name, io.input(f"{name}/model")) for name in ecfg.checkpoints]
     out = stage_outputs(io)
@@ -53,10 +59,12 @@ def run(cfg: PipelineConfig, io: StageIO) -> dict[str, Any]:
             if recipe["rows"]:  # the committed seed spread beside it, or the report says there is none
                 first = recipe["rows"][0]
                 recipe["seed_spread"] = committed_spread(
-                    ecfg.seed_spread, seed_spread, bench, first["n_problems"], first["n_samples"]
-                )
+                    spread_file, seed_spread, bench, first["n_problems"], first["n_samples"],
+                    precision["compute_dtype"],
+                )  # fmt: skip
             result.metrics["recipe"] = recipe
         result.metrics["settings"]["scale_note"] = scale_note
+        result.metrics["settings"]["training_precision"] = precision
 
     # flows/pipeline.py publishes report.md as a Prefect artifact after the stage; nothing to do here.
     result = evaluate_into(

@@ -14,6 +14,7 @@ from components.engine import GenerationConfig
 from components.evaluation.config import BenchmarkSpec, EvaluateConfig
 from components.evaluation.plots import ACCURACY_JSON, SPEEDUP_JSON
 from components.evaluation.runner import generation_config, sampling_settings
+from components.evaluation.spread import spread_path
 from components.settings import ConfigError
 from components.stages.evaluate import stage_outputs
 
@@ -120,9 +121,14 @@ def test_plot_files_are_the_ones_dvc_yaml_declares(in_repo: Path) -> None:
 def test_the_profiles_name_a_spread_file_the_evaluate_stage_depends_on(in_repo: Path) -> None:
     deps = [d.rstrip("/") for d in load_stages()["evaluate"].deps]
     for profile in ("tiny", "qwen3-4b"):
-        path = load_config(profile=profile).evaluate.seed_spread
-        if path is not None:
+        setting = load_config(profile=profile).evaluate.seed_spread
+        for precision in ("bfloat16", "float32"):
+            path = spread_path(setting, precision)
+            if path is None:
+                continue
             # DVC reruns evaluate when the file changes and needs no file to run (its directory is the dep)
             assert any(Path(path).is_relative_to(d) and Path(d).is_dir() for d in deps), path
-    assert load_config(profile="tiny").evaluate.seed_spread == "eval/seed_spread/tiny.json"
+    # one committed spread per training precision (issue 43); the bf16 one is committed
+    assert load_config(profile="tiny").evaluate.seed_spread == "eval/seed_spread/tiny-{precision}.json"
+    assert Path(spread_path(load_config(profile="tiny").evaluate.seed_spread, "bfloat16")).is_file()
     assert load_config(profile="qwen3-4b").evaluate.seed_spread is None

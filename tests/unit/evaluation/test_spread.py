@@ -19,6 +19,7 @@ from components.evaluation.spread import (
     load_seed_spread,
     read_committed_spread,
     spread_markdown,
+    spread_path,
     write_seed_spread,
 )
 
@@ -243,3 +244,37 @@ def test_the_stage_refuses_a_malformed_file_before_it_decodes(
     io = StageIO(stage="evaluate", plots=tmp_path / "plots", outputs={"report": tmp_path / "report"})
     with pytest.raises(SeedSpreadError, match=rf"seed spread file {bad} is malformed"):
         evaluate.run(cfg, io)
+
+
+# ------------------------------------------------------------------ one spread per precision (issue 43)
+def test_a_spread_is_of_one_training_precision(tmp_path: Path) -> None:
+    bf16 = [SpreadRun(source=f"run {i}", precision="bfloat16") for i in range(3)]
+    spread = aggregate(_three(), "tiny_test", bf16)
+    assert spread.precision == "bfloat16"
+    mixed = [*bf16[:2], SpreadRun(source="run 2", precision="float32")]
+    with pytest.raises(SeedSpreadError, match="run 2: float32"):
+        aggregate(_three(), "tiny_test", mixed)
+    path = tmp_path / "tiny-bfloat16.json"
+    write_seed_spread(spread, path)
+    read = read_committed_spread(str(path))
+    # the run's own precision picks the file; a file of another precision is not shown as this run's spread
+    assert committed_spread(str(path), read, "tiny_test", 200, 2, "bfloat16")["state"] == "shown"
+    other = committed_spread(str(path), read, "tiny_test", 200, 2, "float32")
+    assert other["state"] == "mismatch" and "trained in bfloat16, this run in float32" in other["detail"]
+    assert "does not match this run" in recipe_markdown(_summary(other))
+    assert spread_path("eval/seed_spread/tiny-{precision}.json", "float32") == "eval/seed_spread/tiny-float32.json"
+    assert spread_path("plain.json", "float32") == "plain.json" and spread_path(None, "float32") is None
+
+
+def test_the_committed_tiny_spread_says_its_precision(repo_root: Path) -> None:
+    spread = load_seed_spread(repo_root / "eval/seed_spread/tiny-bfloat16.json")
+    assert spread.precision == "bfloat16" and {r.precision for r in spread.runs} == {"bfloat16"}
+
+
+def test_the_report_says_which_precision_trained_the_checkpoints(make_eval: Any) -> None:
+    metrics = make_eval()
+    metrics["settings"]["training_precision"] = {
+        "autocast": "auto", "compute_dtype": "float32", "reason": "auto: the weights' own dtype, no bf16",
+    }  # fmt: skip
+    report = render_report(metrics, "t")
+    assert "Training precision: float32 compute (run.autocast=auto; auto: the weights' own dtype" in report
