@@ -17,10 +17,12 @@ both (``merge_mode``), so on one checkpoint, the same prompts and the same seed 
    with that correction: reward, held-out accuracy, and the correction's own metrics.
 
     .venv/bin/python benchmarks/bench_merge.py [--checkpoint artifacts/parallel_warmup/model] \\
-        [--n 256] [--papo-steps 6] [--threshold 2.0] [--json out.json]
+        [--n 256] [--papo-steps 6] [--threshold 2.0] [--json out.json] [--smoke]
 
 Defaults: the tiny profile's trained NPR-Beta and its validation problems (``artifacts/sample_orz/problems``);
-synthetic problems when that directory is absent.
+synthetic problems when that directory is absent. ``--smoke`` (benchmarks/_smoke.py): 2 prompts x 1 sample
+of up to 96 tokens through every backend and one PAPO step of 2 x 2 rollouts per mode, from the committed seed
+``models/tiny-instruct`` unless ``--checkpoint`` names one.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -36,6 +39,10 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks._smoke import parse_args  # noqa: E402
+
 MERGE_SEMANTICS = ("isolated", "reread")
 # torch: the engine's shared-KV merge; torch-reprefill: the same engine re-prefilling as a server does;
 # async: the async driver over an in-process token server (verl's agent-loop shape); sglang: SGLang's
@@ -43,7 +50,9 @@ MERGE_SEMANTICS = ("isolated", "reread")
 BACKENDS = ("torch", "torch-reprefill", "async", "sglang")
 
 
-def decode(backend: str, model: Any, tok: Any, prompts: list[str], cfg: Any, tags: Any, checkpoint: Path) -> list:
+def decode(
+    backend: str, model: Any, tok: Any, prompts: list[str], cfg: Any, tags: Any, checkpoint: Path
+) -> list:
     """Parallel generations of ``prompts`` from one token backend (same controller, seed and settings)."""
     from components.engine import generate
 
@@ -60,7 +69,6 @@ def decode(backend: str, model: Any, tok: Any, prompts: list[str], cfg: Any, tag
         return asyncio.run(generate_async(tok, prompts, cfg, tags, server))
     if backend != "sglang":
         raise ValueError(f"unknown backend {backend!r}: choose from {', '.join(BACKENDS)}")
-    import sys
     import tempfile
 
     import yaml
@@ -99,8 +107,8 @@ def token_deviations(
 ) -> dict[str, Any]:
     """Rollout vs trainer log-probs of well-formed generations, split at the first merge; the trainer
     teacher-forces under the merge semantics ``merge`` (``components.structure.merge``)."""
-    from components.structure import StructureError
-    from components.training.papo import post_merge_is_weights, post_merge_mask
+    from components.structure import StructureError, post_merge_mask
+    from components.training.papo import post_merge_is_weights
     from components.training.rl_batch import Rollout, build_policy_batch, response_log_probs
 
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -185,9 +193,16 @@ def _stats(x: torch.Tensor) -> dict[str, float]:
 
 
 def papo_run(
-    cfg: Any, checkpoint: Path, problems_dir: Path, merge_mode: str, steps: int, seed: int
+    cfg: Any,
+    checkpoint: Path,
+    problems_dir: Path,
+    merge_mode: str,
+    steps: int,
+    seed: int,
+    sizes: dict[str, int] | None = None,
 ) -> dict[str, Any]:
-    """A short local PAPO run from ``checkpoint`` (the tiny profile's papo_rl recipe, ``steps`` steps)."""
+    """A short local PAPO run from ``checkpoint`` (the tiny profile's papo_rl recipe, ``steps`` steps;
+    ``sizes`` replaces some of its papo_rl sizes, e.g. ``prompts_per_step``)."""
     import tempfile
 
     from components.data.problems import load_problems, load_tuning_split
@@ -202,6 +217,7 @@ def papo_run(
             "eval_every": steps,
             "eval_before_train": False,
             "seed": seed,
+            **(sizes or {}),
         }
     )
     run_cfg = cfg.model_copy(update={"papo_rl": sc})
@@ -259,8 +275,37 @@ def main() -> None:
         default=",".join(BACKENDS),
         help=f"token backends to decode with (of {','.join(BACKENDS)}); sglang = the protocol stand-in server",
     )
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="decode budget [papo_rl's]")
+    parser.add_argument(
+        "--papo-prompts", type=int, default=None, help="PAPO prompts per step [the profile's]"
+    )
+    parser.add_argument("--papo-group", type=int, default=None, help="PAPO group size [the profile's]")
+    parser.add_argument(
+        "--papo-eval-n", type=int, default=None, help="PAPO held-out problems [the profile's]"
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write the numbers here")
-    args = parser.parse_args()
+    args = parse_args(
+        parser,
+        None,
+        checkpoint=ROOT / "models" / "tiny-instruct",
+        n=2,
+        samples=1,
+        max_new_tokens=96,
+        papo_steps=1,
+        papo_prompts=2,
+        papo_group=2,
+        papo_eval_n=2,
+    )
+    sizes = {
+        key: value
+        for key, value in (
+            ("prompts_per_step", args.papo_prompts),
+            ("group_size", args.papo_group),
+            ("eval_n", args.papo_eval_n),
+            ("max_new_tokens", args.max_new_tokens),
+        )
+        if value is not None
+    }
     torch.set_num_threads(args.threads)
 
     from components.config import load_config
@@ -289,7 +334,7 @@ def main() -> None:
             mode="parallel",
             temperature=sc.temperature,
             top_p=sc.top_p,
-            max_new_tokens=sc.max_new_tokens,
+            max_new_tokens=args.max_new_tokens or sc.max_new_tokens,
             batch_size=256,
             step_repetition_penalty=1.0,
             seed=args.seed,
@@ -309,7 +354,7 @@ def main() -> None:
             results[mode] = results["pairs"][f"{backend}|isolated"]  # the PAPO section's two modes
     if args.papo_steps > 0:
         results["papo"] = {
-            mode: papo_run(cfg, args.checkpoint, args.problems, mode, args.papo_steps, args.seed)
+            mode: papo_run(cfg, args.checkpoint, args.problems, mode, args.papo_steps, args.seed, sizes)
             for mode in ("shared_kv", "reprefill")
         }
     _print(results)
@@ -319,7 +364,9 @@ def main() -> None:
 
 def _print_pairs(r: dict[str, Any]) -> None:
     """The (semantics x backend) table: rollout vs teacher-forced log-probs of post-merge tokens."""
-    print("| backend | merge mode | trainer semantics | post-merge tokens | mean abs dlogp | p99 | max | pre-merge max |")
+    print(
+        "| backend | merge mode | trainer semantics | post-merge tokens | mean abs dlogp | p99 | max | pre-merge max |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for key, m in r.get("pairs", {}).items():
         backend, merge = key.split("|")
