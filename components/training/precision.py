@@ -235,8 +235,11 @@ def _resolve(setting: str | None, device_type: str) -> PrecisionChoice:
     if native:
         choice = PrecisionChoice(setting, "bfloat16", f"auto: bfloat16, {evidence}")
     else:
-        choice = PrecisionChoice(setting, None, f"auto: the weights' own dtype, {evidence} (bf16 would be emulated)")
-    log.info("precision on %s: %s", device_type, choice.reason)  # once per process and device (cached)
+        choice = PrecisionChoice(
+            setting, None, f"auto: no autocast, compute in the weights' own dtype: {evidence}, so bf16 would be emulated"
+        )
+    # once per process and device (cached); `npr run` prints it once for the whole run
+    log.debug("precision on %s: %s", device_type, choice.reason)
     return choice
 
 
