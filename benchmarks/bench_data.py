@@ -7,7 +7,8 @@
    the same checks in plain pandas (isnull / str.len / str.contains / duplicated); printed as a ratio,
    plus the one-off GX import and the data-docs rendering the gate also does.
 
-Run: ``.venv/bin/python benchmarks/bench_data.py [--from ../shared/data] [--repeats 3]``.
+Run: ``.venv/bin/python benchmarks/bench_data.py [--from ../shared/data] [--repeats 3]``; ``--smoke``
+(benchmarks/_smoke.py): the same rows, one repeat of the check timings.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks._smoke import parse_args  # noqa: E402
 from components.config import load_config  # noqa: E402
 from components.dag import StageIO  # noqa: E402
 from components.data.fetch import fetch_data  # noqa: E402
@@ -40,10 +42,14 @@ from components.stages import sample_orz  # noqa: E402
 def pandas_checks(frame, rules: QualityRules) -> dict[str, int]:
     """The gate's checks in plain pandas: failing-row counts per reason (for the timing comparison)."""
     problem, answer = frame["problem"], frame["answer"]
+    ptype, atype = frame["problem_type"], frame["answer_type"]
     plen, alen = problem.str.len(), answer.str.len()
     out = {
-        "problem_missing": int(problem.isna().sum()),
-        "answer_missing": int(answer.isna().sum()),
+        "problem_missing": int((ptype == "missing").sum()),
+        "problem_not_text": int((~ptype.isin(["text", "missing"])).sum()),
+        "answer_missing": int((atype == "missing").sum()),
+        "answer_not_finite": int((atype == "non_finite").sum()),
+        "answer_wrong_type": int((~atype.isin(["text", "number", "non_finite", "missing"])).sum()),
         "problem_empty": int((plen < 1).sum()),
         "answer_empty": int((alen < 1).sum()),
         "problem_too_short": int((plen < rules.min_problem_chars).sum()),
@@ -72,7 +78,7 @@ def main() -> None:
         "--from", dest="source", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "data"
     )
     parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
+    args = parse_args(parser, None, repeats=1)
 
     cfg = load_config(profile="tiny")
     with tempfile.TemporaryDirectory() as tmp:
@@ -99,7 +105,8 @@ def main() -> None:
                 "local_path": str(orz_dir),
                 "recover_truncated": True,
                 "test_n": 200,
-                "n": len(report.kept) - 200,
+                # every kept row is sampled: train = what the test and validation splits leave
+                "n": len(report.kept) - 200 - cfg.sample_orz.val_n,
                 "max_problem_chars": 8000,
                 "max_answer_chars": 200,
                 "n_shards": 4,

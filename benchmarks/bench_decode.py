@@ -4,27 +4,37 @@ Side by side in one run, same model, prompts and seed: (a) the engine as shipped
 transformers' stock pieces put back — ``DynamicCache`` (``torch.cat`` per step) and the ``sdpa`` attention
 (K/V heads copied whenever a mask is passed). Sequential sampling at temperature 1, the shape of RL
 rollouts and distillation on the tiny profile. Prints tokens/s of both and the ratio (same tokens: the
-two paths sample identical responses). A tiny-profile-sized model (hidden 192, 4 layers) by default.
+two paths sample identical responses). A tiny-profile-sized model (hidden 192, 4 layers), random init, with
+the tiny profile's tokenizer (the committed seed's, ``models/tiny-instruct``: the one
+``train_tokenizer(tokenizer_corpus(cfg))`` builds, read instead of retrained in ~45 s).
 
-    .venv/bin/python benchmarks/bench_decode.py [--batch 256] [--new-tokens 96] [--repeats 2]
+    .venv/bin/python benchmarks/bench_decode.py [--batch 256] [--new-tokens 96] [--repeats 2] [--smoke]
+
+``--smoke`` (benchmarks/_smoke.py): batch 4, 8 new tokens, one repeat, one thread.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import sys
 import time
+from pathlib import Path
 from unittest import mock
 
 import torch
 from transformers import DynamicCache
 
-import components.engine.backends.torch_backend as torch_backend
-import components.engine.decoder as decoder
-from components.config import load_config
-from components.engine import GenerationConfig, generate
-from components.models.tiny import build_tiny_model, train_tokenizer
-from components.training.tiny_seed import tokenizer_corpus
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import components.engine.backends.torch_backend as torch_backend  # noqa: E402
+import components.engine.decoder as decoder  # noqa: E402
+from benchmarks._smoke import parse_args  # noqa: E402
+from components.config import load_config  # noqa: E402
+from components.engine import GenerationConfig, generate  # noqa: E402
+from components.models.loading import load_tokenizer  # noqa: E402
+from components.models.tiny import build_tiny_model  # noqa: E402
 
 
 def stock_path() -> contextlib.ExitStack:
@@ -45,10 +55,10 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=96)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
+    args = parse_args(parser, None, batch=4, new_tokens=8, repeats=1, threads=1)
     torch.set_num_threads(args.threads)
     cfg = load_config(profile="tiny")
-    tok = train_tokenizer(tokenizer_corpus(cfg), cfg.models.tiny.tokenizer_vocab_size, cfg.schema_name)
+    tok = load_tokenizer(ROOT / "models" / "tiny-instruct")
     model = build_tiny_model(cfg.models.tiny, tok, 0, attn_implementation="sdpa")
     model.eval()
     prompts = [

@@ -7,19 +7,26 @@ the ideal (Amdahl) speedup of those traces, total tokens / critical-path tokens,
 and the fraction of the ideal achieved (target >= 0.90 at K = 4); then a tokens/s table shaped like the
 paper's Table 3 (sequential vs parallel tokens/s and the ratio).
 
-    .venv/bin/python benchmarks/bench_engine.py [--batch 1] [--step-tokens 48] [--repeats 3]
+    .venv/bin/python benchmarks/bench_engine.py [--batch 1] [--step-tokens 48] [--repeats 3] [--smoke]
+
+``--smoke`` (benchmarks/_smoke.py): 8-token branches, 2 takeaway tokens, one repeat.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-from components.engine import GenerationConfig, generate
-from components.models.tiny import tiny_test_world
-from components.structure import TagIds
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks._smoke import parse_args  # noqa: E402
+from components.engine import GenerationConfig, generate  # noqa: E402
+from components.models.tiny import tiny_test_world  # noqa: E402
+from components.structure import TagIds  # noqa: E402
 
 
 def _guideline(k: int) -> str:
@@ -43,7 +50,7 @@ def main() -> None:
     )
     parser.add_argument("--takeaway-tokens", type=int, default=4, help="tokens after <takeaway>")
     parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
+    args = parse_args(parser, None, step_tokens=8, takeaway_tokens=2, repeats=1)
     torch.set_num_threads(1)  # stack-ml.md §3: 2 threads stall small decode kernels on this machine
     model, tok = tiny_test_world(seed=0)
     tags = TagIds.from_tokenizer(tok, "npr")

@@ -11,7 +11,8 @@ real evals). For each of R replicate nights it draws outcomes and asks three gat
 Scenarios: no change (every FAIL is a false alarm) and a real relative drop. Printed: FAIL rates and the
 ratio of false alarms of ``rtol`` over each statistical gate.
 
-Run: ``.venv/bin/python benchmarks/bench_eval.py [--problems 30] [--k 8] [--replicates 200] [--drop 0.25]``.
+Run: ``.venv/bin/python benchmarks/bench_eval.py [--problems 30] [--k 8] [--replicates 200] [--drop 0.25]``;
+``--smoke`` (benchmarks/_smoke.py): 6 problems x 2 samples, 3 nights per scenario, 100 bootstrap samples.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks._smoke import parse_args  # noqa: E402
 from components.evaluation.config import NightlyConfig  # noqa: E402
 from components.evaluation.gate import Baseline, BaselineBenchmark, gate_checkpoint  # noqa: E402
 from components.evaluation.metrics import RECORD_FIELDS, avg_at_n, mean_pass_at_k  # noqa: E402
@@ -71,7 +73,7 @@ def main() -> None:
     ap.add_argument("--replicates", type=int, default=200)
     ap.add_argument("--bootstrap-samples", type=int, default=500)
     ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
+    args = parse_args(ap, None, problems=6, k=2, replicates=3, bootstrap_samples=100)
 
     rng = random.Random(args.seed)
     base_p = problem_probabilities(args.problems, args.accuracy, args.concentration, rng)

@@ -5,12 +5,20 @@
 2. RL: one local-trainer update (``RLTrainer._update``, 16 groups x 8) as one padded batch vs
    length-sorted micro-batches of 32 (``micro_batch_size``): DAPO on causal rows (NPR-Zero, SR) and PAPO on
    the parallel layout (4D masks). The rollouts are rendered solutions of the synthetic tasks (DAPO:
-   sequential and parallel text, one in 64 run out to the 96-token budget as real rollouts do,
-   ``response_length/clip_ratio`` ~1%, so the longest row sets the padded width; PAPO: parallel traces).
+   sequential and parallel text, one in 64 run out to the stage's token budget, ``max_new_tokens``, as real
+   rollouts do, ``response_length/clip_ratio`` ~1%, so the longest row sets the padded width; PAPO: whole
+   parallel traces, which the budget holds: a truncated one is malformed and the trainer filters it out
+   before the update).
 
 Timings are medians over interleaved repeats, so machine load hits every variant alike.
 
-    .venv/bin/python benchmarks/bench_padding.py [--repeats 7] [--threads 2]
+The model is the tiny profile's architecture, random init, with its tokenizer (the committed seed's,
+``models/tiny-instruct``: the one ``train_tokenizer(tokenizer_corpus(cfg))`` builds, read instead of retrained).
+
+    .venv/bin/python benchmarks/bench_padding.py [--repeats 7] [--threads 2] [--smoke]
+
+``--smoke`` (benchmarks/_smoke.py): one thread, one timed repeat after the warm-up, 8 examples of the seed
+step, and RL updates of 2 groups x 4 rollouts against micro-batches of 4.
 """
 
 from __future__ import annotations
@@ -28,14 +36,16 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks._smoke import parse_args  # noqa: E402
 from components.config import load_config, rl_stages  # noqa: E402
 from components.data import synthetic  # noqa: E402
-from components.models.tiny import build_tiny_model, train_tokenizer  # noqa: E402
+from components.models.loading import load_tokenizer  # noqa: E402
+from components.models.tiny import build_tiny_model  # noqa: E402
 from components.prompts import render_prompt  # noqa: E402
 from components.training.rl import RLTrainer  # noqa: E402
 from components.training.rl_batch import Rollout  # noqa: E402
 from components.training.sft import SFTSettings, _train_step, build_optimizer, build_scheduler  # noqa: E402
-from components.training.tiny_seed import SeedSource, tokenizer_corpus  # noqa: E402
+from components.training.tiny_seed import SeedSource  # noqa: E402
 
 
 def padding(lengths_per_batch: list[list[int]]) -> float:
@@ -43,13 +53,13 @@ def padding(lengths_per_batch: list[list[int]]) -> float:
     return 1 - sum(sum(b) for b in lengths_per_batch) / padded
 
 
-def sft_steps(cfg, tok, repeats: int) -> None:
+def sft_steps(cfg, tok, repeats: int, examples: int | None = None) -> None:
     model = build_tiny_model(
         cfg.models.tiny, tok, 0, pad_vocab_to_multiple_of=cfg.models.pad_embeddings_to_multiple_of
     )
     model.train()
     source = SeedSource(cfg, tok)
-    steps = [source(k) for k in range(repeats + 1)]
+    steps = [source(k)[:examples] for k in range(repeats + 1)]
     times: dict[int, list[float]] = {1: [], 2: [], 4: []}
     optimizers = {}
     for splits in times:
@@ -78,7 +88,9 @@ def sft_steps(cfg, tok, repeats: int) -> None:
         )
 
 
-def rollouts(cfg, tok, n_groups: int, group: int, parallel_only: bool = False) -> list[list[Rollout]]:
+def rollouts(
+    cfg, tok, n_groups: int, group: int, budget: int, parallel_only: bool = False
+) -> list[list[Rollout]]:
     rng = random.Random(0)
     problems = synthetic.generate_problems(n_groups, 11, None)
     out = []
@@ -92,14 +104,14 @@ def rollouts(cfg, tok, n_groups: int, group: int, parallel_only: bool = False) -
             text = synthetic.render_solution(p, style, rng)
             ids = tok.encode(text, add_special_tokens=False) + [tok.eos_token_id]
             if not parallel_only and (g * group + j) % 64 == 5:  # rambling, run out to the budget
-                ids = (ids * 4)[:96]
+                ids = (ids * 4)[:budget]
             rows.append(
                 Rollout(
                     group_id=f"g{g}",
                     problem_id=p["id"],
                     answer=p["answer"],
                     prompt_ids=prompt_ids,
-                    response_ids=ids[:96],
+                    response_ids=ids[:budget],
                     text=text,
                     finish_reason="stop",
                     parallel_taken=False,
@@ -110,38 +122,41 @@ def rollouts(cfg, tok, n_groups: int, group: int, parallel_only: bool = False) -
     return out
 
 
-def rl_updates(cfg, tok, repeats: int, stage: str) -> None:
-    groups = rollouts(cfg, tok, 16, 8, parallel_only=stage == "papo_rl")
+def rl_updates(cfg, tok, repeats: int, stage: str, n_groups: int = 16, group: int = 8, micro: int = 32) -> None:
+    budget = getattr(cfg, stage).max_new_tokens
+    groups = rollouts(cfg, tok, n_groups, group, budget, parallel_only=stage == "papo_rl")
     lengths = [len(r.prompt_ids) + len(r.response_ids) for g in groups for r in g]
     problems = synthetic.generate_problems(4, 1, None)
     trainers = {}
-    for micro in (None, 32):
+    for size in (None, micro):
         c = load_config(
-            profile="tiny", overrides=[f"{stage}.micro_batch_size={micro or 'null'}", f"{stage}.lr=1e-7"]
+            profile="tiny", overrides=[f"{stage}.micro_batch_size={size or 'null'}", f"{stage}.lr=1e-7"]
         )
         model = build_tiny_model(
             cfg.models.tiny, tok, 0, pad_vocab_to_multiple_of=cfg.models.pad_embeddings_to_multiple_of
         )
-        trainers[micro] = RLTrainer(
-            stage, c, model, tok, problems, problems, Path("/tmp/npr-bench-padding") / str(micro)
+        trainers[size] = RLTrainer(
+            stage, c, model, tok, problems, problems, Path("/tmp/npr-bench-padding") / str(size)
         )
     times: dict[int | None, list[float]] = {m: [] for m in trainers}
     for k in range(repeats + 1):
-        for micro, trainer in trainers.items():
+        for size, trainer in trainers.items():
             t0 = time.perf_counter()
             trainer._update(groups, Counter())
             if k:
-                times[micro].append(time.perf_counter() - t0)
+                times[size].append(time.perf_counter() - t0)
     ordered = sorted(lengths)
-    quarters = [ordered[i * 32 : (i + 1) * 32] for i in range(4)]
+    chunks = [ordered[i : i + micro] for i in range(0, len(ordered), micro)]
     layout = "parallel layout" if stage == "papo_rl" else "causal rows"
     print(
-        f"RL update ({stage}, {layout}), 128 rollouts of {min(lengths)}-{max(lengths)} tokens, median of {repeats}:"
+        f"RL update ({stage}, {layout}), {len(lengths)} rollouts of {min(lengths)}-{max(lengths)} tokens, "
+        f"median of {repeats}:"
     )
-    print(f"  padding: one batch {padding([lengths]):.1%}, 4 sorted micro-batches {padding(quarters):.1%}")
-    one, micro = statistics.median(times[None]), statistics.median(times[32])
+    print(f"  padding: one batch {padding([lengths]):.1%}, {len(chunks)} sorted micro-batches {padding(chunks):.1%}")
+    one, split = statistics.median(times[None]), statistics.median(times[micro])
     print(
-        f"  one batch {one * 1e3:7.1f} ms   micro-batches of 32 {micro * 1e3:7.1f} ms   ratio {micro / one:.3f}x"
+        f"  one batch {one * 1e3:7.1f} ms   micro-batches of {micro} {split * 1e3:7.1f} ms   "
+        f"ratio {split / one:.3f}x"
     )
 
 
@@ -149,17 +164,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
+    parser.add_argument("--sft-examples", type=int, default=None, help="examples of the seed step [all 32]")
+    parser.add_argument("--groups", type=int, default=16, help="RL groups per update")
+    parser.add_argument("--group-size", type=int, default=8, help="rollouts per RL group")
+    parser.add_argument("--micro-batch", type=int, default=32, help="RL micro-batch size")
+    args = parse_args(
+        parser, None, repeats=1, threads=1, sft_examples=8, groups=2, group_size=4, micro_batch=4
+    )
     torch.set_num_threads(args.threads)
     cfg = load_config(profile="tiny")
-    tok = train_tokenizer(tokenizer_corpus(cfg), cfg.models.tiny.tokenizer_vocab_size, cfg.schema_name)
-    sft_steps(cfg, tok, args.repeats)
+    tok = load_tokenizer(REPO / "models" / "tiny-instruct")
+    sft_steps(cfg, tok, args.repeats, args.sft_examples)
     # one RL stage per rollout layout (causal DAPO rows: NPR-Zero; parallel PAPO rows: PAPO), the first of each
     one_per_mode: dict[str, str] = {}
     for stage in rl_stages():
         one_per_mode.setdefault(getattr(cfg, stage).engine_mode, stage)
     for stage in one_per_mode.values():
-        rl_updates(cfg, tok, args.repeats, stage)
+        rl_updates(cfg, tok, args.repeats, stage, args.groups, args.group_size, args.micro_batch)
 
 
 if __name__ == "__main__":

@@ -5,23 +5,30 @@ The public NPR actor runs each sample alone with its own 4D mask (npr-reference.
 batch in one call. Both are measured side by side in this run, on the tiny profile's architecture, with
 parallel-format responses rendered from the synthetic task family.
 
-    .venv/bin/python benchmarks/bench_rl_forward.py [--batch 16] [--repeats 5]
+    .venv/bin/python benchmarks/bench_rl_forward.py [--batch 16] [--repeats 5] [--smoke]
+
+``--smoke`` (benchmarks/_smoke.py): batch 2, one repeat.
 """
 
 from __future__ import annotations
 
 import argparse
 import random
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-from components.config import load_config
-from components.data.synthetic import expression_of, generate_problems, render_parallel
-from components.models.tiny import build_tiny_model, synthetic_corpus, train_tokenizer
-from components.prompts import render_prompt
-from components.structure import TagIds
-from components.training.rl_batch import Rollout, build_policy_batch, response_log_probs
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks._smoke import parse_args  # noqa: E402
+from components.config import load_config  # noqa: E402
+from components.data.synthetic import expression_of, generate_problems, render_parallel  # noqa: E402
+from components.models.tiny import build_tiny_model, synthetic_corpus, train_tokenizer  # noqa: E402
+from components.prompts import render_prompt  # noqa: E402
+from components.structure import TagIds  # noqa: E402
+from components.training.rl_batch import Rollout, build_policy_batch, response_log_probs  # noqa: E402
 
 
 def rollouts(tok, cfg, n: int) -> list[Rollout]:
@@ -60,7 +67,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args()
+    args = parse_args(parser, None, batch=2, repeats=1)
     torch.set_num_threads(args.threads)
     cfg = load_config(profile="tiny")
     arch = cfg.models.tiny

@@ -11,6 +11,7 @@
    collator) would hold. The bool mask is built in row chunks, so its transient peak is the mask itself.
 
 Usage: .venv/bin/python benchmarks/bench_sft.py [--repeats 5] [--batch 16] [--threads 2] [--lengths 4096 16384]
+[--smoke]; ``--smoke`` (benchmarks/_smoke.py): batch 2, one repeat, one thread, one 512-token trace.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from benchmarks._smoke import parse_args  # noqa: E402
 
 MEMORY_CHILD = r"""
 import json, resource, sys
@@ -139,7 +142,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--lengths", type=int, nargs="+", default=[4096, 16384])
-    args = parser.parse_args()
+    args = parse_args(parser, None, repeats=1, batch=2, threads=1, lengths=[512])
     torch.set_num_threads(args.threads)
 
     r = step_time_ratio(args.repeats, args.batch)

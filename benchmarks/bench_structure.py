@@ -7,7 +7,8 @@
    additive L x L (what the reference collator materialises). Each measurement runs in a fresh
    subprocess so its peak RSS is its own; tracemalloc adds the Python/numpy-side peak.
 
-Run: ``.venv/bin/python benchmarks/bench_structure.py [--sizes 4096 16384] [--repeats 3]``.
+Run: ``.venv/bin/python benchmarks/bench_structure.py [--sizes 4096 16384] [--repeats 3] [--scorer-bytes N]``;
+``--smoke`` (benchmarks/_smoke.py): 20 kB texts, one 1024-token trace, one repeat.
 """
 
 from __future__ import annotations
@@ -19,6 +20,11 @@ import subprocess
 import sys
 import time
 import tracemalloc
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks._smoke import parse_args  # noqa: E402
 
 MB = 1_000_000
 
@@ -56,15 +62,15 @@ def _best_time(fn, repeats: int) -> float:  # noqa: ANN001
     return min(times)
 
 
-def bench_scorer(repeats: int) -> None:
+def bench_scorer(repeats: int, size: int = MB) -> None:
     from components.structure import format_score
 
-    benign = _benign_text(MB)
+    benign = _benign_text(size)
     assert format_score(benign) == 0.0
     base = _best_time(lambda: format_score(benign), repeats)
-    print(f"format_score on 1 MB (best of {repeats})")
+    print(f"format_score on {size / MB:g} MB (best of {repeats})")
     print(f"  {'benign: valid NPR blocks':40s} {base * 1e3:8.1f} ms   1.00x")
-    for name, text in _adversarial_texts(MB).items():
+    for name, text in _adversarial_texts(size).items():
         t = _best_time(lambda text=text: format_score(text), repeats)
         print(f"  {name:40s} {t * 1e3:8.1f} ms   {t / base:.2f}x benign   score {format_score(text):+.1f}")
 
@@ -166,12 +172,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[4096, 16384])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--scorer-bytes", type=int, default=MB, help="size of each format-scorer text")
     parser.add_argument("--worker", nargs=2, metavar=("METHOD", "LENGTH"))
-    args = parser.parse_args()
+    args = parse_args(parser, None, sizes=[1024], repeats=1, scorer_bytes=20_000)
     if args.worker:
         print(json.dumps(worker(args.worker[0], int(args.worker[1]), args.repeats)))
         return
-    bench_scorer(args.repeats)
+    bench_scorer(args.repeats, args.scorer_bytes)
     bench_masks(args.sizes, args.repeats)
 
 
