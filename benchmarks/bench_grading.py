@@ -19,7 +19,9 @@ Three parts, each printed side by side in one run:
    verdicts changed (truncated, no explicit answer, an equivalence rule).
 
 Run: ``.venv/bin/python benchmarks/bench_grading.py [--pairs 65536] [--workers 2] [--sequential 600]
-[--skip-corpus] [--skip-throughput] [--regrade artifacts/evaluate/records]``.
+[--skip-corpus] [--skip-throughput] [--regrade artifacts/evaluate/records] [--corpus-cases N] [--smoke]``;
+``--smoke`` (benchmarks/_smoke.py): the first 12 answers and 12 responses of each corpus split, 256 pairs,
+16 sequential, one worker.
 """
 
 from __future__ import annotations
@@ -36,6 +38,10 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks._smoke import parse_args  # noqa: E402
+
 TARGET_PAIRS = 65_536
 TARGET_SECONDS = 180.0
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "benchmarks"
@@ -44,7 +50,7 @@ _INT_ROOT = re.compile(r"^(\d+)\\sqrt\{(\d+)\}$")
 
 
 # ----------------------------------------------------------------------------------------- corpus
-def corpus_section(workers: int) -> None:
+def corpus_section(workers: int, limit: int | None = None) -> None:
     from components.grading.config import GradingConfig
     from components.grading.corpus import SPLITS, agreement, load_cases, math_verify_verdicts, our_verdicts
 
@@ -55,6 +61,8 @@ def corpus_section(workers: int) -> None:
     )
     for split in SPLITS:  # tune, heldout, blind
         cases = load_cases(split)
+        if limit is not None:  # the first ``limit`` of each kind, so that every row has cases
+            cases = [c for kind in ("answer", "response") for c in [c for c in cases if c.kind == kind][:limit]]
         start = time.perf_counter()
         ours = agreement(cases, our_verdicts(cases, cfg))
         ours_s = time.perf_counter() - start
@@ -289,12 +297,15 @@ def main() -> None:
     parser.add_argument("--skip-corpus", action="store_true")
     parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--regrade", type=Path, default=None, help="an evaluate stage's records directory")
-    args = parser.parse_args()
+    parser.add_argument(
+        "--corpus-cases", type=int, default=None, help="the first N answers and N responses of each split [all]"
+    )
+    args = parse_args(parser, None, pairs=256, sequential=16, workers=1, corpus_cases=12)
 
     if args.regrade is not None:
         regrade_section(args.regrade, args.workers)
     if not args.skip_corpus:
-        corpus_section(args.workers)
+        corpus_section(args.workers, args.corpus_cases)
     if not args.skip_throughput:
         throughput_section(args.pairs, args.workers, args.sequential, args.seed)
 
