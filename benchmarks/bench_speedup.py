@@ -8,7 +8,9 @@ wider steps and the speedup approaches the ideal (total / critical-path tokens);
 is compute-bound and parallel decoding only regroups the same work.
 
 Run after ``make run``: ``.venv/bin/python benchmarks/bench_speedup.py [--checkpoint artifacts/papo_rl/model]
-[--problems 64] [--batch-sizes 1,8,64,256] [--threads 1]``.
+[--problems 64] [--batch-sizes 1,8,64,256] [--threads 1] [--repeats N] [--max-new-tokens N]``. ``--smoke`` (benchmarks/_smoke.py):
+the committed seed ``models/tiny-instruct`` unless ``--checkpoint`` names one, 4 problems at batch sizes 1 and
+4, one decode per mode of up to 64 tokens (the problems still come from a run's ``--problems-dir``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks._smoke import parse_args  # noqa: E402
+
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -28,7 +32,12 @@ def main() -> int:
     parser.add_argument("--problems", type=int, default=64)
     parser.add_argument("--batch-sizes", default="1,8,64,256")
     parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args()
+    parser.add_argument("--repeats", type=int, default=None, help="decodes per mode [evaluate.speedup.repeats]")
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="[evaluate.generation's]")
+    args = parse_args(
+        parser, None, checkpoint=ROOT / "models" / "tiny-instruct", problems=4, batch_sizes="1,4", repeats=1,
+        max_new_tokens=64,
+    )  # fmt: skip
 
     import torch
 
@@ -51,6 +60,10 @@ def main() -> int:
     for batch in (int(b) for b in args.batch_sizes.split(",")):
         run_cfg = cfg.model_copy(deep=True)
         run_cfg.evaluate.speedup.batch_size = batch
+        if args.repeats is not None:
+            run_cfg.evaluate.speedup.repeats = args.repeats
+        if args.max_new_tokens is not None:
+            run_cfg.evaluate.generation.max_new_tokens = args.max_new_tokens
         s, _, _ = measure_speedup(model, tokenizer, tags, problems, run_cfg, "parallel")
         print(
             f"| {batch} | {s['parallel_tokens_per_s']:.0f} | {s['sequential_tokens_per_s']:.0f} | "

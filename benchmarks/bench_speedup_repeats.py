@@ -13,7 +13,11 @@ matrices) with idle spells of 0.5-3 s, seeded: a shared machine's load, the same
 
 Run after ``make run`` (or on the seed runs of ``bench_recipe.py --keep``):
 ``.venv/bin/python benchmarks/bench_speedup_repeats.py --checkpoint artifacts/papo_rl/model [--checkpoint
-...] [--trials 3] [--repeats 3] [--threads 2] [--batch-size N] [--interference]``.
+...] [--trials 3] [--repeats 3] [--threads 2] [--batch-size N] [--max-problems N] [--max-new-tokens N]
+[--interference]``.
+``--smoke`` (benchmarks/_smoke.py): the committed seed ``models/tiny-instruct`` unless ``--checkpoint`` names
+one, 4 problems, up to 64 tokens, one trial of 1 vs fastest of 2, one thread, with the interference process
+(the problems still come from a run's ``--problems-dir``).
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from benchmarks._smoke import parse_args  # noqa: E402
 
 TARGET = 0.85  # issue 27: achieved / ideal in every run
 
@@ -48,14 +54,21 @@ def _bursts(seed: int, stop: mp.Event) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--checkpoint", type=Path, action="append", required=True)
+    parser.add_argument("--checkpoint", type=Path, action="append", help="required, but for --smoke")
     parser.add_argument("--problems-dir", type=Path, default=ROOT / "artifacts" / "sample_orz" / "problems")
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=None, help="the decode batch [the profile's]")
+    parser.add_argument("--max-problems", type=int, default=None, help="[evaluate.speedup.max_problems]")
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="[evaluate.generation's]")
     parser.add_argument("--interference", action="store_true")
-    args = parser.parse_args()
+    args = parse_args(
+        parser, None, checkpoint=[ROOT / "models" / "tiny-instruct"], trials=1, repeats=2, threads=1,
+        max_problems=4, max_new_tokens=64, interference=True,
+    )  # fmt: skip
+    if not args.checkpoint:
+        parser.error("--checkpoint is required")
 
     import torch
 
@@ -69,6 +82,10 @@ def main() -> int:
     cfg = load_config(profile="tiny")
     if args.batch_size:
         cfg.evaluate.speedup.batch_size = args.batch_size
+    if args.max_problems:
+        cfg.evaluate.speedup.max_problems = args.max_problems
+    if args.max_new_tokens:
+        cfg.evaluate.generation.max_new_tokens = args.max_new_tokens
     sp = cfg.evaluate.speedup
     problems = load_benchmark(sp.benchmark, cfg.evaluate.benchmark_dir, sp.max_problems, args.problems_dir)
     models = []
