@@ -8,7 +8,8 @@ checkpoints are rows too, and NPR vs Parallel-R1 a comparison. Also prints the a
 benchmark of the run and each stage's wall time from its metrics.json.
 
 Run after ``make run``: ``.venv/bin/python benchmarks/bench_recipe.py [--artifacts artifacts]
-[--benchmark tiny_test] [--resamples 2000] [--confidence 0.95]``.
+[--benchmark tiny_test] [--resamples 2000] [--confidence 0.95]``; ``--smoke`` (benchmarks/_smoke.py): 50
+resamples (it reads a finished run; ``--artifacts`` names a small one).
 
 The seed spread (issue 27; ``components/evaluation/spread.py``): how far training alone moves these numbers.
 ``--seeds N --workdir DIR [--repo PATH] [--keep]`` clones the repository's committed HEAD into
@@ -44,6 +45,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks._smoke import parse_args  # noqa: E402
 from components.artifacts import read_shards  # noqa: E402
 from components.config import ConfigError, load_config, training_seed_overrides, training_seeds  # noqa: E402
 from components.dag import load_stages  # noqa: E402
@@ -291,7 +293,7 @@ def _parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     spread.add_argument(
         "--json", type=Path, help="write the aggregate here (e.g. eval/seed_spread/tiny-bfloat16.json)"
     )
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv, resamples=50)
     if args.seeds is not None and args.from_dirs:
         parser.error("--seeds and --from-dirs exclude each other")
     if args.seeds is not None and (args.seeds < 1 or args.workdir is None):
