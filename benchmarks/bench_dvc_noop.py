@@ -2,11 +2,14 @@
 `dvc --version` (process start-up), measured side by side in one run.
 
 Run from the repository root after `make run` (then it times the real, complete pipeline in place), or on
-a fresh checkout (then it runs `sample_orz` once in a temporary clone and times the no-op there).
+a fresh checkout (then it runs `sample_orz` once in a temporary clone and times the no-op there):
+``.venv/bin/python benchmarks/bench_dvc_noop.py [--repeats 3]``; ``--smoke`` (benchmarks/_smoke.py): one
+repeat, and a temporary clone's `sample_orz` samples 240 problems instead of the profile's 8,400.
 """
 
 from __future__ import annotations
 
+import argparse
 import shutil
 import statistics
 import subprocess
@@ -15,9 +18,14 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks._smoke import parse_args  # noqa: E402
+
 DVC = str(Path(sys.executable).with_name("dvc"))
 TARGET_S = 3.0
-REPEATS = 3
+# --smoke: a temporary clone's sample_orz, small
+SMALL_SAMPLE = ["sample_orz.n=200", "sample_orz.val_n=20", "sample_orz.test_n=20", "sample_orz.synthetic_pool=400"]
 
 
 def timed(cmd: list[str], cwd: Path) -> float:
@@ -34,13 +42,18 @@ def up_to_date(cwd: Path) -> bool:
     return proc.returncode == 0 and proc.stdout.strip() in ("{}", "")
 
 
-def workdir() -> tuple[Path, list[str], Path | None]:
+def workdir(small: bool = False) -> tuple[Path, list[str], Path | None]:
     here = Path.cwd()
     if Path("artifacts/evaluate/metrics.json").exists() and up_to_date(here):
         return here, [], None
     tmp = Path(tempfile.mkdtemp(prefix="bench-dvc-"))
     subprocess.run(["git", "clone", "-q", str(here), str(tmp / "repo")], check=True)
     repo = tmp / "repo"
+    if small:
+        from components.config import load_config, write_params
+
+        params = repo / "params.yaml"
+        write_params(load_config(params, overrides=SMALL_SAMPLE, root=repo), params)
     env_bin = str(Path(sys.executable).parent)
     subprocess.run(f"PATH={env_bin}:$PATH npr data fetch && PATH={env_bin}:$PATH {DVC} repro sample_orz",
                    shell=True, cwd=repo, check=True, capture_output=True)
@@ -48,15 +61,19 @@ def workdir() -> tuple[Path, list[str], Path | None]:
 
 
 def main() -> None:
-    repo, targets, cleanup = workdir()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parse_args(parser, None, repeats=1)
+    repeats = args.repeats
+    repo, targets, cleanup = workdir(small=args.smoke)
     try:
         scope = "whole pipeline" if not targets else f"stage(s) {', '.join(targets)} in a temp clone"
         rows = {
-            "dvc --version (start-up)": [timed([DVC, "--version"], repo) for _ in range(REPEATS)],
-            "dvc status": [timed([DVC, "status", *targets], repo) for _ in range(REPEATS)],
-            "dvc repro (no-op)": [timed([DVC, "repro", *targets], repo) for _ in range(REPEATS)],
+            "dvc --version (start-up)": [timed([DVC, "--version"], repo) for _ in range(repeats)],
+            "dvc status": [timed([DVC, "status", *targets], repo) for _ in range(repeats)],
+            "dvc repro (no-op)": [timed([DVC, "repro", *targets], repo) for _ in range(repeats)],
         }
-        print(f"# dvc no-op timing ({scope}), median of {REPEATS}")
+        print(f"# dvc no-op timing ({scope}), median of {repeats}")
         base = statistics.median(rows["dvc --version (start-up)"])
         for name, times in rows.items():
             med = statistics.median(times)
