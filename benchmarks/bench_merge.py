@@ -75,17 +75,19 @@ def decode(
 
     from components.ops.sglang_server import launched
 
-    tmp = Path(tempfile.mkdtemp(prefix="npr-bench-sglang-"))
-    spec = tmp / "server.yaml"
-    spec.write_text(yaml.safe_dump({
-        "python": sys.executable, "module": "tests.support.sglang_standin", "model_path": "unused", "port": 0,
-        "tp_size": 1, "context_length": 4096, "random_seed": 0, "enable_deterministic_inference": True,
-        "env": {"SGLANG_RETURN_ORIGINAL_LOGPROB": "1", "PYTHONPATH": str(ROOT)},
-    }))  # fmt: skip
-    # the stand-in serves one request per thread: a few in flight (it is a protocol model, not a server)
-    server_cfg = cfg.model_copy(update={"backend": "sglang", "server_spec": str(spec), "batch_size": 8})
-    with launched(checkpoint, server_cfg, tmp) as url:
-        return generate(None, tok, prompts, server_cfg.model_copy(update={"server_url": url}), tags)
+    with tempfile.TemporaryDirectory(prefix="npr-bench-sglang-") as work:
+        tmp = Path(work)
+        spec = tmp / "server.yaml"
+        spec.write_text(yaml.safe_dump({
+            "python": sys.executable, "module": "tests.support.sglang_standin", "model_path": "unused",
+            "port": 0, "tp_size": 1, "context_length": 4096, "random_seed": 0,
+            "enable_deterministic_inference": True,
+            "env": {"SGLANG_RETURN_ORIGINAL_LOGPROB": "1", "PYTHONPATH": str(ROOT)},
+        }))  # fmt: skip
+        # the stand-in serves one request per thread: a few in flight (it is a protocol model, not a server)
+        server_cfg = cfg.model_copy(update={"backend": "sglang", "server_spec": str(spec), "batch_size": 8})
+        with launched(checkpoint, server_cfg, tmp) as url:
+            return generate(None, tok, prompts, server_cfg.model_copy(update={"server_url": url}), tags)
 
 
 def _prompts(cfg: Any, tokenizer: Any, problems_dir: Path, n: int, seed: int) -> tuple[list[str], list[dict]]:

@@ -16,7 +16,12 @@ for accuracy, format-valid, parallel rate and ideal/achieved speedup; PAPO's own
 post-merge rollout/trainer mismatch) come from its log. One table at the end; ``--json`` keeps the numbers.
 
     .venv/bin/python benchmarks/bench_merge_recipe.py [--from .] [--arms isolated,reread] [--served] \\
-        [--papo-steps 8] [--k 1] [--json out.json]
+        [--papo-steps 8] [--k 1] [--val-n N] [--set section.key=value ...] [--json out.json] [--smoke]
+
+``--set`` overrides params.yaml in every arm. ``--smoke`` (benchmarks/_smoke.py): the isolated and
+isolated-served arms (a fresh NPR-Beta and a reused one), one SFT step, one PAPO step of 2 x 2 rollouts,
+4 validation problems of up to 64 tokens (the speedup decode: 2 problems, once), one torch thread; the
+workspace still needs the upstream artifacts.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks._smoke import parse_args  # noqa: E402
 from components.dag import ancestors, branch_order, chain_to, load_stages  # noqa: E402
 
 LINKED = ("dvc.yaml", "configs", "prompts", "components", "flows", "eval", "models")
@@ -50,6 +56,13 @@ ARMS: dict[str, list[str]] = {
     "reread": ["merge_semantics=reread", *(f"{k}=reprefill" for k in PARALLEL_DECODES)],
     "isolated-served": ["merge_semantics=isolated", *(f"{k}=reprefill" for k in PARALLEL_DECODES)],
 }
+# --smoke's sizes: one step of each stage, small PAPO batches, short decodes
+SMOKE_SETS = [
+    "parallel_warmup.max_steps=1", "parallel_warmup.batch_size=4",
+    "papo_rl.prompts_per_step=2", "papo_rl.group_size=2", "papo_rl.eval_n=4", "papo_rl.eval_samples=1",
+    "papo_rl.max_new_tokens=64", "evaluate.generation.max_new_tokens=64",
+    "evaluate.speedup.max_problems=2", "evaluate.speedup.repeats=1", "run.torch_threads=1",
+]  # fmt: skip
 
 
 def _npr(work: Path, args: list[str], sets: list[str], log: Path) -> float:
@@ -86,12 +99,12 @@ def _workspace(source: Path, scratch: Path, arm: str, beta_from: Path | None) ->
     return work
 
 
-def _val_file(source: Path, out: Path) -> Path:
+def _val_file(source: Path, out: Path, n: int | None = None) -> Path:
     from components.data.problems import load_tuning_split
 
     split, rows = load_tuning_split(source / "artifacts" / "sample_orz" / "problems")
     with out.open("w") as f:
-        for r in rows:
+        for r in rows[:n]:
             f.write(json.dumps({"id": r["id"], "problem": r["problem"], "answer": r["answer"]}) + "\n")
     return out
 
@@ -135,7 +148,7 @@ def _papo_log(work: Path) -> dict[str, float]:
 
 def run_arm(arm: str, source: Path, scratch: Path, bench: Path, args: argparse.Namespace,
             beta_from: Path | None) -> dict[str, Any]:  # fmt: skip
-    sets = [*ARMS[arm], f"papo_rl.steps={args.papo_steps}", "tracking.mode=disabled"]
+    sets = [*ARMS[arm], f"papo_rl.steps={args.papo_steps}", "tracking.mode=disabled", *args.sets]
     work = _workspace(source, scratch, arm, beta_from)
     log = scratch / f"{arm}.log"
     result: dict[str, Any] = {"arm": arm, "sets": sets, "wall_s": {}}
@@ -161,8 +174,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--keep", type=Path, default=None, help="keep the scratch workspaces here (a rerun reuses them)"
     )
+    parser.add_argument("--val-n", type=int, default=None, help="the first N validation problems [all]")
+    parser.add_argument("--set", dest="sets", action="append", default=[], help="section.key=value, every arm")
     parser.add_argument("--json", type=Path, default=None)
-    args = parser.parse_args(argv)
+    args = parse_args(
+        parser, argv, arms="isolated", served=True, papo_steps=1, val_n=4, sets=SMOKE_SETS
+    )
     source = args.source.resolve()
     missing = [s for s in UPSTREAM if not (source / "artifacts" / s).exists()]
     if missing:
@@ -173,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown arms {unknown}: choose from {', '.join(ARMS)}")
     scratch = Path(tempfile.mkdtemp(prefix="npr-merge-recipe-")) if args.keep is None else args.keep
     scratch.mkdir(parents=True, exist_ok=True)
-    bench = _val_file(source, scratch / "tiny_val.jsonl")
+    bench = _val_file(source, scratch / "tiny_val.jsonl", args.val_n)
     results = []
     for arm in arms:
         beta = scratch / "isolated" / "artifacts" / "parallel_warmup" if arm == "isolated-served" else None

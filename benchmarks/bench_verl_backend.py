@@ -7,7 +7,11 @@ repositories, alternately, ``--repeats`` times. Prints per backend the stage's w
 held-out accuracy and format-valid rate after training (verl: its own validation; local: the trainer's
 evaluation; both on the val split, ``eval_n`` x ``eval_samples``), and the time ratio verl / local.
 
-    .venv/bin/python benchmarks/bench_verl_backend.py [--stage npr_zero] [--steps N] [--repeats 1]
+    .venv/bin/python benchmarks/bench_verl_backend.py [--stage npr_zero] [--steps N] [--repeats 1] \\
+        [--set section.key=value ...] [--smoke]
+
+``--set`` overrides the tiny profile in both repositories. ``--smoke`` (benchmarks/_smoke.py): one step of 2
+prompts x 2 rollouts (no dynamic sampling), 4 held-out problems once, from a 240-problem ``sample_orz``.
 """
 
 from __future__ import annotations
@@ -26,7 +30,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks._smoke import parse_args  # noqa: E402
 from components.config import dump_yaml, load_config, rl_stages  # noqa: E402
+
+# --smoke's sizes ({stage}: the benchmarked stage)
+SMOKE_SETS = [
+    "{stage}.prompts_per_step=2", "{stage}.group_size=2", "{stage}.eval_n=4", "{stage}.eval_samples=1",
+    "{stage}.dynamic_sampling=false",
+    "sample_orz.n=200", "sample_orz.val_n=20", "sample_orz.test_n=20", "sample_orz.synthetic_pool=400",
+]  # fmt: skip
 
 
 def make_repo(root: Path, stage: str, backend: str, extra: list[str], problems: Path | None) -> Path:
@@ -66,8 +78,12 @@ def main() -> None:
     parser.add_argument("--stage", default="npr_zero", choices=sorted(rl_stages()))
     parser.add_argument("--steps", type=int, default=None, help="training steps (default: the tiny profile's)")
     parser.add_argument("--repeats", type=int, default=1)
-    args = parser.parse_args()
+    parser.add_argument("--set", dest="sets", action="append", default=[], help="section.key=value, both backends")
+    args = parse_args(parser, None, steps=1)
     extra = [] if args.steps is None else [f"{args.stage}.steps={args.steps}", f"{args.stage}.eval_every={args.steps}"]
+    if args.smoke:
+        extra += [s.format(stage=args.stage) for s in SMOKE_SETS]
+    extra += args.sets
     results: dict[str, list[tuple[float, dict]]] = {"local": [], "verl": []}
     problems: Path | None = None
     with tempfile.TemporaryDirectory(prefix="bench-verl-") as tmp:
