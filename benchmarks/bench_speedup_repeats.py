@@ -12,7 +12,7 @@ the table ends with each estimator's range of achieved/ideal over all trials.
 matrices) with idle spells of 0.5-3 s, seeded: a shared machine's load, the same for both estimators.
 
 Run after ``make run`` (or on the seed runs of ``bench_recipe.py --keep``):
-``.venv/bin/python benchmarks/bench_speedup_repeats.py --checkpoint artifacts/papo_rl/model [--checkpoint
+``.venv/bin/python benchmarks/bench_speedup_repeats.py [--checkpoint artifacts/papo_rl/model] [--checkpoint
 ...] [--trials 3] [--repeats 3] [--threads 2] [--batch-size N] [--max-problems N] [--max-new-tokens N]
 [--interference]``.
 ``--smoke`` (benchmarks/_smoke.py): the committed seed ``models/tiny-instruct`` unless ``--checkpoint`` names
@@ -54,7 +54,9 @@ def _bursts(seed: int, stop: mp.Event) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--checkpoint", type=Path, action="append", help="required, but for --smoke")
+    parser.add_argument(
+        "--checkpoint", type=Path, action="append", help="repeatable [artifacts/papo_rl/model]"
+    )
     parser.add_argument("--problems-dir", type=Path, default=ROOT / "artifacts" / "sample_orz" / "problems")
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=3)
@@ -67,8 +69,7 @@ def main() -> int:
         parser, None, checkpoint=[ROOT / "models" / "tiny-instruct"], trials=1, repeats=2, threads=1,
         max_problems=4, max_new_tokens=64, interference=True,
     )  # fmt: skip
-    if not args.checkpoint:
-        parser.error("--checkpoint is required")
+    args.checkpoint = args.checkpoint or [ROOT / "artifacts" / "papo_rl" / "model"]  # `make bench`, after `make run`
 
     import torch
 
