@@ -17,9 +17,10 @@ over the folder's files, not over ``SMOKES``, so a new script fails there too.
 
 The scripts' imports (torch, transformers, verl) are compiled once into a scratch folder for the module
 (``PYTHONPYCACHEPREFIX``) instead of once per script where the environment says not to write bytecode. Every
-smoke runs on one torch thread, so the two longest (``BESIDE``: verl's job, whose Ray workers leave a core
-mostly idle while they start, and the merge recipe's seven ``npr`` calls) run one after the other in a second
-lane beside the rest, as test_verl_main_ppo runs its jobs two at a time.
+smoke runs on one torch thread, so the two longest (``BESIDE``: the merge recipe's seven ``npr`` calls and
+verl's job, whose Ray workers leave a core mostly idle while they start) run one after the other in a second
+lane beside the rest, as test_verl_main_ppo runs its jobs two at a time. Their timeouts add up to less than
+the suite's per-test one.
 """
 
 from __future__ import annotations
@@ -110,6 +111,7 @@ SMOKES: dict[str, Smoke] = {
                *(rf"^\| {a} \| {c} \| [\d.]+ \|" for a in ("isolated", "isolated-served")
                  for c in ("NPR-Beta", "NPR")),
                r"^\| arm \| PAPO post-merge mean abs dlogp \|", r"^\| isolated \| ", r"^\| isolated-served \| "),
+        timeout_s=500,
     ),  # fmt: skip
     "bench_padding.py": Smoke(
         table=(r"^SFT seed step, \d+ examples", *(rf"^  {n} pass\(es\):\s+[\d.]+ ms" for n in (1, 2, 4)),
@@ -159,11 +161,12 @@ SMOKES: dict[str, Smoke] = {
         table=(r"^local run 1:", r"^verl  run 1:", r"^backend\s+wall s\s+accuracy\s+format-valid$",
                r"^local\s+[\d.]+\s+[\d.]+\s+[\d.]+$", r"^verl\s+[\d.]+\s+[\d.]+\s+[\d.]+$",
                r"^verl / local wall time: [\d.]+x$"),
-        timeout_s=900,
+        timeout_s=800,
     ),  # fmt: skip
 }
-# run in the second lane, in this order, from the module's first smoke on
-BESIDE = ("bench_verl_backend.py", "bench_merge_recipe.py")
+# run in the second lane, in this order, from the module's first smoke on (each is waited for where the
+# parametrized order reaches it: the merge recipe comes first there)
+BESIDE = ("bench_merge_recipe.py", "bench_verl_backend.py")
 # the GPU node's smoke (its CPU shapes are its smoke size) and its wheel bundle: run by their own tests
 COVERED_ELSEWHERE = {
     "smoke_gpu.py": "tests/integration/training/test_smoke_gpu.py",
