@@ -4,7 +4,9 @@ The order follows math-verify's ranking of answer forms, restricted to answers t
 
 1. **explicit final answers**, always read: the last run of complete boxes (``\\boxed``, ``\\fbox``,
    ``\\framebox``; boxes separated only by connectors such as ``,``/``and``/``\\quad``/a label ``q =`` are one
-   answer, ``\\boxed{1}`` and ``\\boxed{-2}`` -> ``1, -2``; a union sign between them is kept), the
+   answer, ``\\boxed{1}`` and ``\\boxed{-2}`` -> ``1, -2``; a union sign between them is kept; the same value
+   boxed twice in a run counts once; boxes separated by prose are separate statements and the last one is
+   the answer), the
    sentence "The final answer is X" (Minerva's "... I hope it is correct."), and the last complete
    ``<answer>...</answer>`` (the R1-style format; its content is reduced like an answer line, so
    ``<answer>\\boxed{5}</answer>`` is ``5``); the one that ends later wins;
@@ -254,6 +256,15 @@ def _box_run(text: str, boxes: Sequence[_Box]) -> tuple[str, int, int] | None:
     kept = [(b, j) for b, j in zip(bodies, ["", *joins], strict=True) if b]
     if not kept:
         return None
+    # the same value boxed twice in one run (`\boxed{5} \boxed{5}`) is one answer, not a list of two
+    unique: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    for body, join in kept:
+        key = " ".join(body.split())
+        if key not in seen:
+            seen.add(key)
+            unique.append((body, join))
+    kept = unique
     answer = kept[0][0] + "".join(j + b for b, j in kept[1:])
     if _PERCENT_AFTER.match(text[end : end + 40]) and "%" not in answer:
         answer += "\\%"

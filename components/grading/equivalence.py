@@ -7,7 +7,12 @@ Order of decision for one (pred, gold candidate):
    ``x = 2``, nor ``\\cot t = 2`` the answer ``\\tan t = 2`` (``normalize.answer_label``); an assignment
    against a bare value compares the value (``x = 2`` and ``2``; ``2 = x`` is the same assignment), and an
    equation between expressions (``2x + y = 1``) goes to math-verify whole, which compares both sides;
-3. normalised strings equal -> True (``exact``, see ``normalize.normalize_answer``);
+3. a statement without variables (``2=3+4``, ``1=1``; ``normalize.variable_free_relation``): against a relation
+   with variables False (``relation``: ``1=1`` says nothing about ``x``), otherwise left to the pool, where
+   ``relations`` reads it by truth and sides, never by its last side;
+   normalised strings equal -> True (``exact``, see ``normalize.normalize_answer``); the same letters in
+   another case -> False (``variables``: ``X^2+1`` is not ``x^2+1``); two times of day (``20:34`` =
+   ``08:34 P.M.``, when seconds or a half-day mark make one a time) -> compared (``numeric``);
 4. both plain numbers -> compared exactly or within ``cfg.float_rel_tol`` (``numeric``), decisive either
    way: math-verify reads plain numbers the same way, so it could not disagree. A number written with a
    percent sign also reads as its value over 100 (``10\\%`` = 10 = 0.1); one written with a decimal comma
@@ -16,12 +21,15 @@ Order of decision for one (pred, gold candidate):
    (a labelled prediction) or in order (an unlabelled one); an ordered tuple or interval when the gold is one group in
    parentheses or brackets (``(6,31,-1)``, ``(3,4]``: same order and brackets), else an "all solutions"
    answer compared as a set (``1,-2`` = ``-2, 1``; a bare list and ``\\{...\\}`` are sets);
-6. one side a plain number, the other an expression in free variables without a function (a polynomial or
-   rational expression: it equals no constant) or a tuple / list / interval (a comma) -> False
-   (``number_vs_expression``); a function of a variable (``\\sin^2 t + \\cos^2 t``) may be an identity and
-   goes on;
-7. otherwise math-verify ``verify(parse(gold), parse(pred))`` in the process pool (``math_verify``) on the
-   cleaned texts (``normalize.clean_answer``), and when it says False the symbolic fallback
+6. one side a plain number, the other an expression in free variables without a function whose variables
+   are each written once and no zero factor (a polynomial or rational expression that cannot cancel: it
+   equals no constant) or a tuple / list / interval (a comma outside a function's arguments) -> False
+   (``number_vs_expression``); a function of a variable (``\\sin^2 t + \\cos^2 t``), an expression that
+   may cancel (``x/x``, ``x^2-x^2``, ``0y``) or a relation goes on;
+7. otherwise the process pool (``math_verify``) on the cleaned texts (``normalize.clean_answer``): a pair in
+   which either text is a relation by ``relations.relation_equal`` first (equations and inequalities by both
+   sides, systems and solution sets, statements by truth); the rest math-verify
+   ``verify(parse(gold), parse(pred))``, and when it says False the symbolic fallback
    (``symbolic.symbolic_equal``: sympy simplification, plain/CAS notation too; its assumptions and refusals
    are in that module), both under one per-pair deadline; a pair that times out or whose worker dies is
    False with the reason.
@@ -56,7 +64,11 @@ from components.grading.normalize import (
     split_equals,
     strip_delimiters,
     top_level_split,
+    variable_free_relation,
+    variable_letters,
 )
+from components.grading.relations import is_relation
+from components.grading.symbolic import list_comma
 
 _DECIMAL_COMMA = re.compile(r"^-?\d+,\d+$")
 _GROUP_OF_THREE = re.compile(r"^-?[1-9]\d{0,2},\d{3}$")
@@ -183,10 +195,11 @@ def verify_form(gold: str, pred: str) -> tuple[str, str]:
     """The (gold, pred) texts math-verify is given: cleaned, and a labelled relation (``I_{\\max} = ...``)
     reduced to its value when the other side states a bare value (math-verify only knows simple labels)."""
     g, p = strip_delimiters(clean_answer(gold)), strip_delimiters(clean_answer(pred))
-    g_rel, p_rel = len(split_equals(g)) > 1, len(split_equals(p)) > 1
-    if g_rel and not p_rel:
+    g_rel, p_rel = is_relation(g), is_relation(p)
+    # a statement without variables (`2=3+4`) is judged whole, by its truth (relations.relation_equal)
+    if g_rel and not p_rel and not variable_free_relation(gold):
         g = reduce_relation(g)
-    elif p_rel and not g_rel:
+    elif p_rel and not g_rel and not variable_free_relation(pred):
         p = reduce_relation(p)
     return g, p
 
@@ -202,8 +215,30 @@ def fast_verdict(pred: str, gold: str, rel_tol: float) -> Verdict | None:
         # are different answers whatever their values.
         return Verdict(False, "relation")
     gold_norm = normalize_answer(gold)
+    statement = variable_free_relation(pred), variable_free_relation(gold)
+    if any(statement):
+        if not all(statement) and (
+            has_free_symbols(_notation_of(gold if statement[0] else pred))
+            and len(split_equals(_notation_of(gold if statement[0] else pred))) > 1
+        ):
+            # `1=1` against `x=1`: a statement without variables says nothing about the gold's variables
+            return Verdict(False, "relation")
+        return None  # judged by truth and sides in the pool (relations.relation_equal)
     if pred_norm == gold_norm:
         return Verdict(True, "exact")
+    gold_letters, pred_letters = variable_letters(gold_norm), variable_letters(pred_norm)
+    if (
+        gold_letters is not None
+        and pred_letters is not None
+        and gold_letters != pred_letters
+        and {c.lower() for c in gold_letters} == {c.lower() for c in pred_letters}
+    ):
+        # `X^2+1` for `x^2+1`: the same letters in another case are other variables (math-verify's parser
+        # lower-cases symbols, so only the text can tell them apart)
+        return Verdict(False, "variables")
+    pred_clock, gold_clock = _clock(_clock_text(pred)), _clock(_clock_text(gold))
+    if pred_clock is not None and gold_clock is not None and (pred_clock[1] or gold_clock[1]):
+        return Verdict(pred_clock[0] == gold_clock[0], "numeric")
     pred_values = _readings(pred, pred_norm)
     gold_values = _readings(gold, gold_norm)
     pred_values = pred_values or _decimal_comma(pred, pred_norm, gold_values)
@@ -224,12 +259,41 @@ def fast_verdict(pred: str, gold: str, rel_tol: float) -> Verdict | None:
     return None
 
 
+# A time of day: `20:34`, `20:34:00`, `08:34 P.M.` (normalised: no spaces, `\text{}` unwrapped). Read as one
+# only when seconds or a half-day mark say so: `3:4` alone is a ratio.
+_CLOCK = re.compile(r"^(\d{1,2}):(\d{2})(?::(\d{2}))?((?:a|p)\.?m\.?)?$", re.I)
+
+
+def _clock_text(answer: str) -> str:
+    """The answer with delimiters, ``\text{}`` wrappers and spaces gone (``08:34 \text{P.M.}`` -> ``08:34P.M.``):
+    ``normalize_answer`` would drop the half-day mark as a unit."""
+    return "".join(re.sub(r"\\(?:text|mbox|mathrm)\s*\{([^{}]*)\}", r"\1", strip_delimiters(answer)).split())
+
+
+def _clock(normalized: str) -> tuple[int, bool] | None:
+    """(seconds after midnight, whether seconds or a half-day mark make it unmistakably a time)."""
+    match = _CLOCK.match(normalized)
+    if match is None:
+        return None
+    hours, minutes, seconds, half = int(match.group(1)), int(match.group(2)), match.group(3), match.group(4)
+    if minutes > 59 or (seconds is not None and int(seconds) > 59):
+        return None
+    if half is not None:
+        if not 1 <= hours <= 12:
+            return None
+        hours = hours % 12 + (12 if half.lower().startswith("p") else 0)
+    elif hours > 23:
+        return None
+    return hours * 3600 + minutes * 60 + int(seconds or 0), seconds is not None or half is not None
+
+
 # A function of a variable can equal a constant through an identity (`\sin^2 t + \cos^2 t` = 1), which the
 # symbolic fallback decides; a polynomial or rational expression in free variables cannot without cancelling
 # to a number, which no answer writes, so it stays on the fast path.
 _FUNCTION = re.compile(
-    r"\\(?:sin|cos|tan|cot|sec|csc|sinh|cosh|tanh|arcsin|arccos|arctan|log|ln|exp)(?![A-Za-z])"
-    r"|\b(?:sin|cos|tan|cot|sec|csc|log|ln|exp)\("
+    r"\\(?:sin|cos|tan|cot|sec|csc|sinh|cosh|tanh|coth|sech|csch|arcsin|arccos|arctan|arcsec|arccsc|arccot|"
+    r"log|ln|exp|operatorname)(?![A-Za-z])"
+    r"|\b(?:a|arc)?(?:sin|cos|tan|cot|sec|csc)h?(?:\(|\^|\s)|\b(?:cosech?|log|ln|exp|abs|floor|ceil)(?:\(|\^|_)"
 )
 
 
@@ -238,9 +302,33 @@ def _notation_of(answer: str) -> str:
 
 
 def _not_a_scalar(normalized: str) -> bool:
-    if "," in normalized:
-        return True
-    return has_free_symbols(normalized) and _FUNCTION.search(normalized) is None
+    """True when ``normalized`` cannot equal a number: a list, or an expression in free variables with no
+    function (which an identity could turn constant) and no way for its variables to cancel."""
+    if len(split_equals(normalized)) > 1 or _INEQUALITY_SIGN.search(normalized):
+        return False  # a relation is not an expression; `relations` compares it whole
+    if "," in normalized and list_comma(normalized):
+        return True  # `binom(8,3)`: a comma between a function's arguments is no list
+    return (
+        has_free_symbols(normalized) and _FUNCTION.search(normalized) is None and not _may_cancel(normalized)
+    )
+
+
+_INEQUALITY_SIGN = re.compile(r"[<>]|\\(?:le|ge|lt|gt|leq|geq|lor|land)(?![A-Za-z])")
+
+
+# A zero factor or exponent (`0x`, `0\cdot y`, `x^0`): a variable times nothing.
+_ZERO_FACTOR = re.compile(
+    r"(?<![\d.])0(?![\d.])\s*(?:\*|\\cdot|\\times)?\s*[A-Za-z(\\]|\^\s*\{?\s*0\s*\}?(?![\d.])"
+)
+
+
+def _may_cancel(normalized: str) -> bool:
+    """Whether the variables of a rational expression may cancel (``x-x``, ``x/x``, ``\frac{2x}{x}``, ``0x``):
+    a variable written twice, or a zero factor. Written once each, they cannot."""
+    if variable_letters(normalized) is None:
+        return False  # a word (`4 apples`), not an expression
+    letters = [c for c in re.sub(r"\\[A-Za-z]+", " ", normalized) if c.isalpha()]
+    return len(letters) != len(set(letters)) or _ZERO_FACTOR.search(normalized) is not None
 
 
 def _combine(verdicts: Sequence[Verdict]) -> Verdict:

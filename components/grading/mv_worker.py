@@ -1,6 +1,7 @@
-"""What runs inside a grading worker process: math-verify on (gold, pred) pairs under a per-pair deadline,
-then, for a pair math-verify calls unequal, the symbolic fallback (``symbolic.symbolic_equal``) under the
-same deadline.
+"""What runs inside a grading worker process, for one (gold, pred) pair under one per-pair deadline: a pair
+in which either text states a relation is compared as a relation (``relations.relation_equal``); the rest,
+and relations that module has no opinion on, go to math-verify, and a pair math-verify calls unequal to the
+symbolic fallback (``symbolic.symbolic_equal``).
 
 math-verify's own timeout arms SIGALRM with whole seconds and only works in a main thread; a pool worker
 runs tasks in its main thread, so here we arm our own ``setitimer`` deadline (fractional seconds) around
@@ -17,6 +18,7 @@ import os
 import signal
 from typing import Any
 
+from components.grading.relations import is_relation, relation_equal
 from components.grading.symbolic import symbolic_equal
 
 # (equal, reason): reason is None for an ordinary verdict, else why the pair could not be graded.
@@ -49,12 +51,18 @@ def as_boxed(answer: str) -> str:
 
 
 def verify_pair(gold: str, pred: str, timeout_s: float) -> PairResult:
-    """math-verify's ``verify(parse(gold), parse(pred))`` (that order: verify is asymmetric)."""
+    """A relation pair by ``relation_equal``; otherwise (or without its opinion) math-verify's
+    ``verify(parse(gold), parse(pred))`` (that order: verify is asymmetric), then the symbolic fallback."""
     from math_verify import parse, verify  # lazy: math_verify
 
     signal.signal(signal.SIGALRM, _on_alarm)
     signal.setitimer(signal.ITIMER_REAL, timeout_s)
     try:
+        if is_relation(gold) or is_relation(pred):
+            # before math-verify, which compares an equation by its right-hand side (`1=1` for `x=1`)
+            verdict = relation_equal(gold, pred)
+            if verdict is not None:
+                return bool(verdict), None
         gold_parsed = parse(as_boxed(gold), parsing_timeout=None)
         pred_parsed = parse(as_boxed(pred), parsing_timeout=None)
         equal = bool(verify(gold_parsed, pred_parsed, timeout_seconds=None))

@@ -9,7 +9,10 @@ plain number (integer, decimal, scientific, ``a/b``, ``\\frac{a}{b}``, ``a\\time
 Before either, ``clean_answer`` rewrites what models and answer keys write around a value into one form
 (both sides, and what math-verify is given): currency (``\\$``, a lone ``$``, ``€``), LaTeX thousands
 separators (``14{,}916``, ``16,\\!386.20``), percent words (``28 pct`` -> ``28\\%``), unit words after a
-number (``36 dollars``), a stray trailing backslash, ``\\\\frac`` written with a doubled backslash.
+number (``36 dollars``) and unit expressions after a number that is the whole answer (``10 cm^2``,
+``10\\text{ cm}^{2}``, ``5 m/s``, ``10 weeks``; a lone one-letter unit, ``0.64N``, may be a variable and is
+kept), a mixed number (``1 1/2`` -> ``3/2``, not the digits glued together), Python's ``==`` (the equation
+sign), a stray trailing backslash, ``\\\\frac`` written with a doubled backslash.
 
 Degree signs are dropped, as math-verify's own parser does. A percent sign is dropped by
 ``normalize_answer`` (MATH's convention: ``10\\%`` and ``10`` are the same answer); the fast path also
@@ -73,6 +76,26 @@ _TEXT_CONNECTOR = re.compile(
 _UNIT_AFTER_NUMBER = re.compile(
     r"(?<=[\d}$])\s*(?:\\(?:text|mbox|textnormal|mathrm)\{\s*~?\s*)?" + _UNIT_WORD + r"\.?\s*\}?\s*$", re.I
 )
+# A unit expression after a number: unit words (and SI symbols) with powers, products and quotients, in or
+# out of `\text{}` / `\mathrm{}` (`10 cm^2`, `10\text{ cm}^{2}`, `5 m/s`, `9.8 \mathrm{m/s^2}`, `10 weeks`).
+_UNIT_NAMES = (
+    r"(?:square\s+|sq\.?\s+|cubic\s+|cu\.?\s+)?(?:dollars?|cents?|euros?|units?|degrees?|inches|inch|feet|foot|"
+    r"ft|yards?|yd|miles?|mi|meters?|metres?|centimeters?|centimetres?|millimeters?|kilometers?|cm|km|mm|m|"
+    r"seconds?|secs?|minutes?|mins?|hours?|hrs?|h|s|days?|weeks?|months?|years?|yrs?|grams?|kilograms?|kg|g|"
+    r"mg|pounds?|lbs?|ounces?|oz|liters?|litres?|ml|mL|L|gallons?|gal|mph|kph|km/h|newtons?|N|joules?|J|"
+    r"watts?|W|volts?|V|hertz|Hz|pascals?|Pa|kPa|ohms?|amperes?|amps?|A|calories?|cal|kcal|acres?|hectares?)"
+)
+_UNIT_ATOM = (
+    r"(?:\\(?:text|mbox|textnormal|mathrm|rm)\s*\{\s*~?\s*)?" + _UNIT_NAMES + r"(?![A-Za-z])\s*\}?"
+    r"(?:\s*\^\s*\{?\s*-?\d\s*\}?)?"
+)
+_UNIT_EXPRESSION = re.compile(
+    r"(?:(?<=[\d}$])|(?<=\d\s))\s*~?\s*"
+    + _UNIT_ATOM
+    + r"(?:\s*(?:/|\\cdot|\*|\\,|\s)?\s*"
+    + _UNIT_ATOM
+    + r")*\s*\.?\s*$"
+)
 _LATEX_THOUSANDS = re.compile(r"(?<=\d)(?:\s*\{\s*,\s*\}|,\s*\\!|,\\,|,\\ )\s*(?=\d{3}(?!\d))")
 _PERCENT_AFTER_MATH = re.compile(r"(?<!\\)\$\s*(\\?%)")
 # A unit mark after a number: degrees Celsius/Fahrenheit, arcminutes/arcseconds (or feet/inches) as primes.
@@ -80,6 +103,12 @@ _NUMBER_MARKS = re.compile(
     r"(?<=[\d}])\s*(?:\^\s*\{?\s*\\circ\s*\}?|°)\s*(?:\\mathrm\{\s*([CF])\s*\}|\\text\{\s*([CF])\s*\}|([CF])(?![A-Za-z]))"
     r"|(?<=\d)\s*\^\s*\{\s*\\prime(?:\s*\\prime)?\s*\}|(?<=\d)\s*\^\s*\\prime(?![A-Za-z])"
 )
+_SPACED_CONNECTIVE = re.compile(r"\s+(?:\\text\{\s*(?:or|and)\s*\}|or|and)\s+|\\text\{\s+(?:or|and)\s+\}")
+_INEQUALITY = re.compile(r"[<>≤≥]|\\(?:le|ge|leq|geq|lt|gt|leqslant|geqslant)(?![A-Za-z])")
+_MIXED_NUMBER = re.compile(r"^(-?)(\d+)\s+(\d+)\s*/\s*(\d+)$")
+_LETTER_RUN = re.compile(r"[A-Za-z]{2,}")
+# `x == 2` (Python's equality) is the equation `x = 2`
+_DOUBLE_EQUALS = re.compile(r"(?<![<>!=])==(?!=)")
 _DOLLAR_LIST = re.compile(r"\$\s*([,;])\s*\$")
 _DOLLAR_GAP = re.compile(r"(?<=.)\$\s+\$(?=.)")
 _CURRENCY = re.compile(r"\\\$|\\euro\b|[€£¥]|\\pounds\b")
@@ -97,9 +126,9 @@ _DECIMAL = re.compile(r"^[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d{1,3})?$")
 _RATIO = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+))/([+-]?(?:\d+\.?\d*|\.\d+))$")
 _LATEX_FRAC = re.compile(r"^([+-]?)\\frac\{([+-]?(?:\d+\.?\d*|\.\d+))\}\{([+-]?(?:\d+\.?\d*|\.\d+))\}$")
 _SCIENTIFIC = re.compile(
-    r"^([+-]?(?:\d+\.?\d*|\.\d+))(?:\\times|\\cdot|\*)10\^(?:\{([+-]?\d{1,3})\}|([+-]?\d))$"
+    r"^([+-]?(?:\d+\.?\d*|\.\d+))(?:\\times|\\cdot|\*)10\^(?:[{(]([+-]?\d{1,3})[})]|([+-]?\d))$"
 )
-_POWER_OF_TEN = re.compile(r"^10\^(?:\{([+-]?\d{1,3})\}|([+-]?\d))$")
+_POWER_OF_TEN = re.compile(r"^10\^(?:[{(]([+-]?\d{1,3})[})]|([+-]?\d))$")
 
 
 def strip_delimiters(s: str) -> str:
@@ -156,19 +185,47 @@ def clean_answer(answer: str) -> str:
     if "matrix" not in s and "array" not in s:
         s = _DOUBLED_COMMAND.sub(r"\\", s)
     s = _LATEX_THOUSANDS.sub(",", s)
+    s = _DOUBLE_EQUALS.sub("=", s)
     s = _NUMBER_MARKS.sub("", s)
     s = _PERCENT_AFTER_MATH.sub(r"\1$", s)  # `$28$ %` -> `$28%$`
     s = _CURRENCY.sub("", s)
     if s.count("$") == 1:  # a lone dollar is currency (`$1,000.99`, `1,000.99$`), never a math delimiter
         s = s.replace("$", "")
     s = _PERCENT_WORD.sub(r"\1\\%\2", s)
-    s = _TEXT_CONNECTOR.sub(", ", s)
+    if not _INEQUALITY.search(s):  # `x > 1 or x < -3`: relations joined by a word stay joined (relations)
+        s = _TEXT_CONNECTOR.sub(", ", s)
     while s.endswith("\\") and not s.endswith("\\\\"):
         s = s[:-1].rstrip()
     unit = _UNIT_AFTER_NUMBER.search(s)
     if unit is not None and unit.start() > 0:
         s = s[: unit.start()]
-    return s.strip()
+    inner = strip_delimiters(s.strip())
+    stripped = _strip_unit_expression(inner)
+    if stripped != inner:
+        s = stripped  # `$15\mbox{ cm}^2$`: the unit inside the math delimiters
+    return _MIXED_NUMBER.sub(_mixed_number, s.strip())
+
+
+def _strip_unit_expression(s: str) -> str:
+    """``10 cm^2`` -> ``10``: a unit expression after a number, when what remains is a number (a letter left
+    in it would make the "unit" a variable: ``2 m`` may be the product of 2 and m only if m is a unit)."""
+    unit = _UNIT_EXPRESSION.search(s)
+    if unit is None or unit.start() == 0:
+        return s
+    if re.fullmatch(r"[\s~]*[A-Za-z]\.?\s*", unit.group()):
+        return s  # a lone one-letter unit (`0.64N`, `0.64 N`) may as well be a variable: both sides keep it
+    rest = s[: unit.start()].strip()
+    if not rest or has_free_symbols(strip_delimiters(rest)) or _LETTER_RUN.search(_COMMAND.sub("", rest)):
+        return s
+    return rest
+
+
+def _mixed_number(match: re.Match[str]) -> str:
+    """``1 1/2`` -> ``3/2``: a whole number and a proper fraction separated by a space."""
+    whole, numerator, denominator = int(match.group(2)), int(match.group(3)), int(match.group(4))
+    if denominator == 0 or numerator >= denominator:
+        return match.group(0)
+    return f"{match.group(1)}{whole * denominator + numerator}/{denominator}"
 
 
 def _top_level(s: str, needle: str) -> list[int]:
@@ -248,18 +305,19 @@ def _one_group(s: str) -> bool:
 
 def reduce_relation(s: str) -> str:
     """The value a relation states: ``x = 3`` -> ``3``; a chain -> its last right-hand side; ``x \\approx 1.3``
-    -> ``1.3``; ``1/3 \\approx 0.33`` -> ``1/3``. A list, an inequality or an equation between expressions
-    (``2x + y = 1``) is returned unchanged."""
-    if _top_level(s, ",") or _top_level(s, ";"):
+    -> ``1.3``; ``1/3 \\approx 0.33`` -> ``1/3``. A list, an inequality, relations joined by ``or`` / ``and``,
+    or an equation between expressions or quantities (``2x + y = 1``, ``x = y``, ``y - b = mx``: no side is a
+    label against a value, ``_assignment``) is returned unchanged."""
+    if _top_level(s, ",") or _top_level(s, ";") or _compound(s):
         return s
     if _one_group(s) and len(split_equals(s[1:-1])) > 1:
         s = s[1:-1]  # `(35 + 70 = 105)`: a computation in parentheses is the computation
     parts = split_equals(s)
     if len(parts) >= 3 and all(p.strip() for p in parts):
         s = parts[-1]
-    elif len(parts) == 2 and parts[1].strip() and is_label(parts[0]):
+    elif len(parts) == 2 and _assignment(parts) == 0:
         s = parts[1]
-    elif len(parts) == 2 and parts[0].strip() and is_label(parts[1]):
+    elif len(parts) == 2 and _assignment(parts) == 1:
         s = parts[0]  # `2 = x`: the same assignment written the other way round
     elif (
         len(parts) == 2
@@ -291,18 +349,35 @@ def relation_label(relation: str) -> str | None:
 
     The grader compares it when both answers are assignments: ``y = 2`` is not the answer ``x = 2``.
     """
-    if _top_level(relation, ",") or _top_level(relation, ";"):
+    if _top_level(relation, ",") or _top_level(relation, ";") or _compound(relation):
         return None
     parts = split_equals(relation)
     if len(parts) < 2 or not all(p.strip() for p in parts):
         return None
-    if is_label(parts[0]):
-        label = parts[0]
-    elif len(parts) == 2 and is_label(parts[1]):
-        label = parts[1]
-    else:
+    side = _assignment(parts)
+    if side is None:
         return None
-    return _LABEL_GROUPING.sub("", _LEFT_RIGHT.sub("", label))
+    return _LABEL_GROUPING.sub("", _LEFT_RIGHT.sub("", parts[side]))
+
+
+# `x = 1 or x = 2`, `x > 1 and x < 5`: relations joined by a connective, read whole by `relations`
+_CONNECTIVE_WORD = re.compile(r"\\(?:lor|land|vee|wedge)(?![A-Za-z])|(?<![A-Za-z\\])(?:or|and)(?![A-Za-z])")
+
+
+def _compound(s: str) -> bool:
+    return any(match.start() in set(_top_level(s, match.group())) for match in _CONNECTIVE_WORD.finditer(s))
+
+
+def _assignment(parts: list[str]) -> int | None:
+    """Which side of an equation names the quantity it assigns (``x`` in ``x = 2x+1``, ``2 = x``), or None
+    for an equation between quantities (``x = y``, ``y - b = mx``): a label against a side that is not one,
+    and on the right only against a value (the reversed form ``2 = x``)."""
+    left, right = parts[0], parts[-1]
+    if is_label(left) and not (len(parts) == 2 and is_label(right)):
+        return 0
+    if len(parts) == 2 and is_label(right) and not is_label(left) and not has_free_symbols(left):
+        return 1
+    return None
 
 
 @lru_cache(maxsize=1 << 16)
@@ -349,6 +424,8 @@ def notation(answer: str) -> tuple[str, bool]:
     s = _DEGREES.sub("", s)
     s = _PERCENT.sub("", s)
     s = _FRAC_VARIANT.sub(r"\\frac", s)
+    # `a=0 or b=0`: the connective is kept as a command, so it survives the removal of spaces
+    s = _SPACED_CONNECTIVE.sub(lambda m: " \\lor " if "or" in m.group() else " \\land ", s)
     s = _COMMAND_BEFORE_LETTER.sub(r"\1{}", s)  # `\pi c` must not become the command `\pic`
     spaced_list = re.search(r",\s", s) is not None  # `32, 349` is a list, `32,349` a number
     s = "".join(s.split())
@@ -391,7 +468,11 @@ def read_number(normalized: str) -> Fraction | None:
 _COMMAND = re.compile(r"\\[A-Za-z]+")
 _ENVIRONMENT = re.compile(r"\\(?:begin|end)\{[A-Za-z*]+\}")  # `\begin{vmatrix}`: a name, not variables
 # Function and constant names written without a backslash, and the letters sympy reads as constants.
-_NOT_VARIABLES = re.compile(r"sqrt|sin|cos|tan|cot|sec|csc|log|ln|exp|pi|inf|oo|[eEiI](?![A-Za-z])")
+_NOT_VARIABLES = re.compile(
+    r"arc(?:sin|cos|tan|cot|sec|csc)h?|a?(?:sinh|cosh|tanh|coth|sech|csch)|a(?:sin|cos|tan|cot|sec|csc)(?![a-z])"
+    r"|cosech?|sqrt|sin|cos|tan|cot|sec|csc|log|ln|exp|pi|inf|oo|factorial|binomial|binom|floor|ceil"
+    r"|(?<![A-Za-z])[eEiI](?![A-Za-z])"
+)
 _LETTER = re.compile(r"[A-Za-z]")
 
 
@@ -404,6 +485,30 @@ def has_free_symbols(normalized: str) -> bool:
     """
     stripped = _COMMAND.sub("", _ENVIRONMENT.sub("", normalized))
     return _LETTER.search(_NOT_VARIABLES.sub("", stripped)) is not None
+
+
+@lru_cache(maxsize=1 << 16)
+def variable_free_relation(answer: str) -> bool:
+    """True when ``answer`` is an equation (or chain) whose sides have no variable (``2=3+4``, ``1=1``): a
+    statement, which ``relations`` reads by truth value and sides, never reduced to one side on the fast path."""
+    s = notation(answer)[0]
+    if _top_level(s, ",") or _top_level(s, ";"):
+        return False
+    parts = split_equals(s)
+    return len(parts) >= 2 and all(p.strip() for p in parts) and not any(has_free_symbols(p) for p in parts)
+
+
+_VARIABLE_LETTER = re.compile(r"[A-Za-z]")
+
+
+def variable_letters(normalized: str) -> frozenset[str] | None:
+    """The letters a normalised math answer uses as variables (commands, function names and the constants
+    ``e``/``i`` left out), case kept; None when it has a word (a run of letters that is no known name), so
+    text answers (``Yes``) are not read as variables."""
+    stripped = _NOT_VARIABLES.sub(" ", _COMMAND.sub(" ", _ENVIRONMENT.sub("", normalized)))
+    if re.search(r"[A-Za-z]{2,}", stripped):
+        return None
+    return frozenset(_VARIABLE_LETTER.findall(stripped))
 
 
 def numbers_equal(a: Fraction, b: Fraction, rel_tol: float) -> bool:

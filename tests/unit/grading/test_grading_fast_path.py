@@ -160,11 +160,9 @@ def test_gold_candidates_handle_every_benchmark_type() -> None:
         ("6, 31, -1", "(6,31,-1)", Verdict(True, "list")),  # boxes joined in order read as the tuple
         ("(4,3]", "(3,4]", Verdict(False, "list")),  # an interval reversed
         ("x=-5, p=\\frac{14}{3}", "-5, \\frac{14}{3}", Verdict(True, "list")),
-        (
-            "$\\begin{vmatrix} 2 & 1 \\\\ 1 & 2 \\end{vmatrix} = 3$",
-            "3",
-            Verdict(True, "exact"),
-        ),  # a computation
+        # a computation without variables is a statement, judged by its truth in the pool, not by its last
+        # side here (tests/integration/grading/test_grading_relations.py)
+        ("$\\begin{vmatrix} 2 & 1 \\\\ 1 & 2 \\end{vmatrix} = 3$", "3", None),
         ("  ", "3", Verdict(False, "no_answer")),
         ("12", "(-\\frac{1}{2}, \\frac{7}{2})", Verdict(False, "number_vs_expression")),
         ("81", "\\frac{2 \\pi c^{2}}{\\lambda^{5}}", Verdict(False, "number_vs_expression")),
