@@ -1,7 +1,7 @@
 """The grading corpus: (gold, prediction, expected verdict) cases with their sources, and how to score them.
 
-The cases live in ``tests/data/grading/`` (``corpus.jsonl``, and ``heldout.jsonl`` kept out of tuning; see the
-README there). Each case is a bare answer (``kind: answer``, graded the way ``npr grade`` reads ``--pred``)
+The cases live in ``tests/data/grading/`` (``corpus.jsonl``; ``heldout.jsonl``, ``blind.jsonl`` (issue 28) and
+``blind2.jsonl`` (issue 44) were each graded once before the grader was tuned on them; see the README there). Each case is a bare answer (``kind: answer``, graded the way ``npr grade`` reads ``--pred``)
 or a whole response (``kind: response``, graded as the evaluate stage grades it: the ``evaluation``
 extraction settings and the case's finish reason). ``option`` names the one library option a case's verdict
 depends on (math-verify's float rounding or anchorless free-text extraction, OlympiadBench's tolerances,
@@ -25,7 +25,12 @@ from components.grading.equivalence import grade_many_verdicts
 from components.grading.normalize import gold_candidates
 
 CORPUS_DIR = Path(__file__).resolve().parents[2] / "tests" / "data" / "grading"
-SPLITS = {"tune": "corpus.jsonl", "heldout": "heldout.jsonl", "blind": "blind.jsonl"}
+SPLITS = {
+    "tune": "corpus.jsonl",
+    "heldout": "heldout.jsonl",
+    "blind": "blind.jsonl",
+    "blind2": "blind2.jsonl",
+}
 
 
 @dataclass(frozen=True)
@@ -46,7 +51,7 @@ class Case:
 
 
 def load_cases(split: str = "tune", directory: Path | None = None) -> list[Case]:
-    """The cases of ``split`` (``tune``, ``heldout`` or ``blind``); ValueError on a malformed case, naming its line."""
+    """The cases of ``split`` (a key of ``SPLITS``); ValueError on a malformed case, naming its line."""
     if split not in SPLITS:
         raise ValueError(f"unknown corpus split {split!r}; known: {', '.join(SPLITS)}")
     path = (directory or CORPUS_DIR) / SPLITS[split]
