@@ -546,7 +546,14 @@ def expressions_equal(a: Any, b: Any, approximate: bool) -> bool:
 
 
 def _integer_valued(value: complex | None) -> bool:
-    return value is not None and value.imag == 0 and abs(value.real) >= 1 and value.real == round(value.real)
+    """A whole number a float holds exactly (below 2^53; above, every float looks whole: ``1.12 \\times 10^{200}``
+    is an approximation)."""
+    return (
+        value is not None
+        and value.imag == 0
+        and 1 <= abs(value.real) < 2**53
+        and value.real == round(value.real)
+    )
 
 
 def symbolic_equal(gold: str, pred: str) -> bool | None:
