@@ -36,6 +36,7 @@ from typing import Any, NamedTuple
 from components.grading.symbolic import (
     EXACT_TOL,
     MIN_DEFINED_POINTS,
+    big_powers,
     close,
     expressions_equal,
     has_decimal,
@@ -275,6 +276,8 @@ def _proportional(d1: Any, d2: Any, positive: bool) -> bool | None:
 
     if d1 == 0 or d2 == 0:
         return d1 == 0 and d2 == 0 and not positive
+    if big_powers(d1) or big_powers(d2):
+        return _sampled_constant(d1, d2, positive)  # `(x-a)^6000`: cancel would expand it
     together1, together2 = sympy.together(d1), sympy.together(d2)
     ratio = sympy.cancel(together1 / together2)
     if not ratio.free_symbols:
@@ -308,7 +311,7 @@ def _sampled_constant(d1: Any, d2: Any, positive: bool) -> bool | None:
     first = ratios[0]
     if first == 0 or any(not close(r, first, EXACT_TOL) for r in ratios):
         return False
-    return first.real > 0 and abs(first.imag) <= EXACT_TOL * abs(first) if positive else True
+    return bool(first.real > 0 and abs(first.imag) <= EXACT_TOL * abs(first)) if positive else True
 
 
 def _solution_set(relation: Relation, exprs: list[list[Any]], variable: Any) -> Any:

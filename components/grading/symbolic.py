@@ -307,6 +307,8 @@ def _digits(expr: Any) -> float:
     import sympy  # lazy: sympy
 
     if isinstance(expr, sympy.Pow):
+        if expr.base.free_symbols and not expr.exp.free_symbols:
+            return _digits(expr.base)  # `(x-a)^6000` computes no number: it is evaluated at points
         base, exponent = _digits(expr.base), _magnitude(expr.exp)
         return max(base, 1.0) * max(exponent, 1.0)
     if isinstance(expr, sympy.Number):
@@ -437,10 +439,13 @@ def parse_expression(text: str) -> Any:
     text = text.strip()
     if not text or len(text) > MAX_CHARS or _NOT_AN_EXPRESSION.search(text) or list_comma(text):
         return None
-    if _TOWER.search(text) or _BIG_EXPONENT.search(text):
+    latex = "\\" in text or "{" in text
+    # a large exponent in plain notation is sized by `_digits` (a power of a number) or kept symbolic (a
+    # power of an expression in variables is evaluated at points, never expanded: `big_powers`)
+    if _TOWER.search(text) or (latex and _BIG_EXPONENT.search(text)):
         return None
     try:
-        expr = _parse_latex(text) if ("\\" in text or "{" in text) else _parse_plain(text)
+        expr = _parse_latex(text) if latex else _parse_plain(text)
         if not isinstance(expr, sympy.Expr):
             return None
         expr = _real_odd_roots(expr)
@@ -456,6 +461,16 @@ def parse_expression(text: str) -> Any:
         else:
             substitutions[symbol] = sympy.Symbol(symbol.name, real=True)
     return expr.xreplace(substitutions) if substitutions else expr
+
+
+def big_powers(expr: Any) -> bool:
+    """Whether ``expr`` raises something to an exponent over ``MAX_EXPONENT``: simplify, expand and cancel
+    would multiply it out (a degree-6000 polynomial), so only sampling decides."""
+    import sympy  # lazy: sympy
+
+    return any(
+        e.exp.is_number and abs(e.exp) > MAX_EXPONENT for e in expr.atoms(sympy.Pow) if e.exp.is_number
+    )
 
 
 def has_decimal(text: str) -> bool:
@@ -490,18 +505,26 @@ def sample_points(symbols: list[Any], count: int = SAMPLE_POINTS) -> list[dict[A
     return points
 
 
-def value_at(expr: Any, point: dict[Any, Any]) -> complex | None:
-    """``expr`` at ``point`` as a complex number, or None where it is undefined (a pole, nan)."""
+def value_at(expr: Any, point: dict[Any, Any]) -> Any:
+    """``expr`` at ``point`` as an mpmath complex number (any exponent: ``(x-a)^{6000}`` at x = 1000 is no
+    float), or None where it is undefined (a pole, nan)."""
+    import mpmath  # lazy: mpmath (sympy's)
+    import sympy  # lazy: sympy
+
     try:
-        value = complex(expr.evalf(40, subs=point))
-    except (TypeError, ValueError, ZeroDivisionError, OverflowError):
+        value = expr.evalf(40, subs=point)
+        if not value.is_number or value.has(sympy.nan, sympy.zoo, sympy.oo, -sympy.oo):
+            return None
+        real, imag = value.as_real_imag()
+        out = mpmath.mpc(mpmath.mpf(sympy.Float(real, 40)._mpf_), mpmath.mpf(sympy.Float(imag, 40)._mpf_))
+    except (TypeError, ValueError, ZeroDivisionError, OverflowError, AttributeError):
         return None
-    if value != value or math.isinf(abs(value)):
+    if mpmath.isnan(out) or mpmath.isinf(out):
         return None
-    return value
+    return out
 
 
-def close(a: complex, b: complex, tol: float) -> bool:
+def close(a: Any, b: Any, tol: float) -> bool:
     """Equal within ``tol`` relative; against an exact 0, within the evaluation's noise (40 digits)."""
     if a == 0 or b == 0:
         return abs(a - b) <= ZERO_NOISE
@@ -538,6 +561,8 @@ def expressions_equal(a: Any, b: Any, approximate: bool) -> bool:
     verdict = sampled_equal(a, b, tol)
     if verdict is not None:
         return verdict
+    if big_powers(diff):
+        return False  # too few points to decide, and simplify would expand it
     if sympy.simplify(diff) == 0:
         return True
     # `6 e^{5\pi i/6}` against `6(\cos(5\pi/6) + i \sin(5\pi/6))`: simplify leaves roots of unity; writing
