@@ -512,7 +512,8 @@ def value_at(expr: Any, point: dict[Any, Any]) -> Any:
     import sympy  # lazy: sympy
 
     try:
-        value = expr.evalf(40, subs=point)
+        # adaptive precision (maxn): the cancellation far out (`tanh(x)/2 + 1/2` at x = -1500) is resolved
+        value = expr.evalf(40, subs=point, maxn=2000)
         if not value.is_number or value.has(sympy.nan, sympy.zoo, sympy.oo, -sympy.oo):
             return None
         real, imag = value.as_real_imag()
