@@ -97,3 +97,5 @@ def test_npr_run_stops_within_seconds_and_leaves_nothing_behind(
     assert exited_s < STOP_WITHIN_S, f"npr run took {exited_s:.1f} s to exit:\n{output[-3000:]}"
     assert not alive, f"left behind after {gone_s:.1f} s: {[p.pid for p in alive]}\n{output[-3000:]}"
     assert f"{sig.name} received, stopping the run" in output
+    # the run's compute precision is said once, before the flow starts (issue 43)
+    assert output.count("precision (run.autocast=auto): auto: ") == 1, output[:2000]
