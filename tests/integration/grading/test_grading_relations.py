@@ -28,6 +28,8 @@ CREDITED = [
     ("x=2, y=3", "2, 3"),  # unlabelled: in the gold's order
     ("2x+y=1", "y=1-2x"),  # an equation between expressions: both sides (math-verify)
     ("y \\ne 2", "y != 2"),
+    # a computation without variables, judged whole in the pool (the fast path no longer reduces it)
+    ("3", "$\\begin{vmatrix} 2 & 1 \\\\ 1 & 2 \\end{vmatrix} = 3$"),
 ]
 # (gold, pred): refused
 REFUSED = [
