@@ -59,7 +59,7 @@ def corpus_section(workers: int, limit: int | None = None) -> None:
     print(
         f"{'split':8} {'kind':9} {'n':>4} {'ours':>14} {'plain math-verify':>18}   flagged (ours / math-verify)"
     )
-    for split in SPLITS:  # tune, heldout, blind
+    for split in SPLITS:  # every corpus split (components.grading.corpus.SPLITS)
         cases = load_cases(split)
         if limit is not None:  # the first ``limit`` of each kind, so that every row has cases
             cases = [c for kind in ("answer", "response") for c in [c for c in cases if c.kind == kind][:limit]]
