@@ -18,7 +18,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+# The suite's per-test timeout (1500 s) is too tight for this run on 2 AVX2 cores, where the trainers compute
+# in fp32 (run.autocast: auto) and the whole run is slower than on AVX512-BF16 cores (issue 43); CI stops at
+# 90 minutes, and this test has its own limits below.
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(3300)]
 
 BIN = Path(sys.executable).parent
 # Smaller budgets, same stages. The seed is the committed tiny instruct checkpoint (the stage materialises
@@ -82,7 +85,7 @@ def clone(tmp_path_factory: pytest.TempPathFactory, repo_root: Path) -> Path:
 def test_tiny_pipeline_end_to_end(clone: Path) -> None:
     _run([str(BIN / "npr"), "data", "fetch"], clone)
     overrides = [a for o in SMALL for a in ("--set", o)]
-    proc = _run([str(BIN / "npr"), "run", "--profile", "tiny", *overrides], clone, timeout=2400)
+    proc = _run([str(BIN / "npr"), "run", "--profile", "tiny", *overrides], clone, timeout=3000)
     stages = list(yaml.safe_load((clone / "dvc.yaml").read_text())["stages"])
     for name in stages:
         assert (clone / "artifacts" / name / "metrics.json").exists(), f"{name} wrote no metrics"
