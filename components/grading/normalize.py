@@ -290,7 +290,7 @@ def is_label(text: str) -> bool:
     return bool(t.strip()) and _LABEL.match(t) is not None and any(c.isalpha() for c in t)
 
 
-def _one_group(s: str) -> bool:
+def one_parenthesised_group(s: str) -> bool:
     """True when one pair of parentheses spans the whole of ``s``."""
     if len(s) < 2 or s[0] != "(" or s[-1] != ")":
         return False
@@ -310,7 +310,7 @@ def reduce_relation(s: str) -> str:
     label against a value, ``_assignment``) is returned unchanged."""
     if _top_level(s, ",") or _top_level(s, ";") or _compound(s):
         return s
-    if _one_group(s) and len(split_equals(s[1:-1])) > 1:
+    if one_parenthesised_group(s) and len(split_equals(s[1:-1])) > 1:
         s = s[1:-1]  # `(35 + 70 = 105)`: a computation in parentheses is the computation
     parts = split_equals(s)
     if len(parts) >= 3 and all(p.strip() for p in parts):

@@ -33,6 +33,7 @@ from __future__ import annotations
 import re
 from typing import Any, NamedTuple
 
+from components.grading.normalize import one_parenthesised_group
 from components.grading.symbolic import (
     EXACT_TOL,
     MIN_DEFINED_POINTS,
@@ -169,7 +170,7 @@ def parse_relation(text: str) -> Relation | None:
         return None  # `a or b and c`: precedence left to the writer
     atoms: list[Any] = []
     for part in (p.strip() for p in parts):
-        group = part[1:-1] if part.startswith("(") and part.endswith(")") and _one_group(part) else None
+        group = part[1:-1] if one_parenthesised_group(part) else None
         inner = parse_relation(group) if group is not None and _CONNECTIVE.search(group) else None
         atoms.append(inner if inner is not None else _atom(part))
     if any(atom is None for atom in atoms):
@@ -194,16 +195,6 @@ def _top_level_split(text: str, separator: str) -> list[str]:
     cuts = [i for i, ch in enumerate(text) if ch == separator and depths[i] == 0]
     bounds = [-1, *cuts, len(text)]
     return [text[a + 1 : b].strip() for a, b in zip(bounds, bounds[1:], strict=False)]
-
-
-def _one_group(text: str) -> bool:
-    depth = 0
-    for i, ch in enumerate(text):
-        depth += ch == "("
-        depth -= ch == ")"
-        if depth == 0 and i < len(text) - 1:
-            return False
-    return True
 
 
 def _flat(relation: Relation) -> bool:
