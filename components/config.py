@@ -134,8 +134,9 @@ class PipelineConfig(StrictModel):
     def schema_of(self, stage: str) -> str:
         """The structure schema of a stage's traces (and of the checkpoint it writes): the stage section's
         own (Parallel-R1's stages: ``parallel_r1``) or the pipeline's ``schema_name``."""
-        section = getattr(self, stage, None)
-        return getattr(section, "SCHEMA", None) or self.schema_name
+        # the section's type says it (a class constant), so no section value is read
+        field = PipelineConfig.model_fields.get(stage)
+        return getattr(field.annotation if field else None, "SCHEMA", None) or self.schema_name
 
     def decode_mode_of(self, checkpoint: str) -> Literal["parallel", "sequential"]:
         """How ``evaluate`` decodes a checkpoint: the Parallel-R1 ones per ``parallel_r1.attention``, the

@@ -50,6 +50,14 @@ def hub_reachable(host: str = "huggingface.co", timeout_s: float = 1.5) -> bool:
         return False
 
 
+def hub_offline() -> bool:
+    """True when HF_HUB_OFFLINE says so (the CLI sets it, components.env); when unset, probe the hub."""
+    flag = os.environ.get("HF_HUB_OFFLINE")
+    if flag is not None:
+        return flag.strip().lower() in ("1", "true", "yes", "on")
+    return not hub_reachable()
+
+
 def apply_defaults(project_root: Path | None = None) -> dict[str, str]:
     """Set quiet defaults in os.environ (only where unset); returns what was set."""
     applied: dict[str, str] = {}

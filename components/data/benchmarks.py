@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from components.data.problems import load_problems
-from components.data.sources import hub_offline
+from components.env import hub_offline
 from components.errors import UserError
 
 Record = dict[str, Any]

@@ -24,7 +24,8 @@ from typing import Any
 from components.data import orz
 from components.data.benchmarks import BENCHMARKS, BenchmarkError, hub_rows, read_rows
 from components.data.config import SampleOrzConfig
-from components.data.sources import download_hf_dataset, download_url, hub_offline
+from components.data.sources import download_hf_dataset, download_url
+from components.env import hub_offline
 
 SMOKE_DIR = Path(__file__).parent / "smoke" / "benchmarks"
 

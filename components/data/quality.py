@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 from components.artifacts import write_json
-from components.data.config import SampleOrzConfig
 from components.data.problems import normalise_whitespace
 from components.errors import UserError
 
@@ -49,11 +48,6 @@ class QualityRules:
     max_problem_chars: int
     max_answer_chars: int
     min_kept_fraction: float
-
-    @classmethod
-    def from_config(cls, cfg: SampleOrzConfig) -> QualityRules:
-        """From the ``sample_orz`` section (its quality thresholds)."""
-        return cls(cfg.min_problem_chars, cfg.max_problem_chars, cfg.max_answer_chars, cfg.min_kept_fraction)
 
 
 @dataclass

@@ -17,15 +17,7 @@ from typing import Any
 
 from components.data import orz, synthetic
 from components.data.config import SampleOrzConfig
-from components.env import hub_reachable
-
-
-def hub_offline() -> bool:
-    """True when HF_HUB_OFFLINE says so (the CLI sets it, components.env); when unset, probe the hub."""
-    flag = os.environ.get("HF_HUB_OFFLINE")
-    if flag is not None:
-        return flag.strip().lower() in ("1", "true", "yes", "on")
-    return not hub_reachable()
+from components.env import hub_offline
 
 
 def _local(cfg: SampleOrzConfig, path: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:

@@ -6,7 +6,7 @@ synthetic task family (tiny profile); with ``local``, a GSM8K-style set with its
 ``data.local_path`` (GPU profile). Both go through one gate (the ``sample_orz`` quality suite on the
 problems, then well-formed-and-correct on the trajectories); the audit is an output, as ``sample_orz``'s.
 
-Training: the warmups' SFT (``parallel_warmup.train_warmup``) from ``<init_from>/model`` with the
+Training: the warmups' SFT (``components.training.warmup.train_warmup``) from ``<init_from>/model`` with the
 ``parallel_r1`` tags made single special tokens, the Parallel-R1 instruction, and the mask and positions of
 ``parallel_r1.attention`` (unseen: the structure module's parallel ones; seen: causal).
 """
@@ -23,8 +23,8 @@ from components.dag import StageIO
 from components.data.pr1_coldstart import check_coldstart, load_rows, synthetic_rows, write_coldstart_audit
 from components.data.pr1_problems import rules_of, seeded_subset
 from components.data.problems import load_problems
-from components.stages.parallel_warmup import train_warmup
 from components.training.distributed import is_main_process
+from components.training.warmup import train_warmup
 
 
 def coldstart_rows(cfg: PipelineConfig, io: StageIO) -> tuple[list[dict[str, Any]], dict[str, Any]]:

@@ -30,7 +30,7 @@ def run(cfg: PipelineConfig, io: StageIO) -> dict[str, Any]:
         progress.update(f"sample_orz: loading rows ({sc.source})")
         rows, provenance = load_source_rows(sc, work_dir)
         progress.advance(1, description=f"sample_orz: validating {len(rows)} rows (Great Expectations)")
-        report = validate_problems(rows, QualityRules.from_config(sc))
+        report = validate_problems(rows, QualityRules(sc.min_problem_chars, sc.max_problem_chars, sc.max_answer_chars, sc.min_kept_fraction))
         progress.advance(
             1, description=f"sample_orz: sampling {sc.n} + {sc.val_n} + {sc.test_n} of {len(report.kept)} kept"
         )

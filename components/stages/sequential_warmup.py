@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from components.artifacts import read_shards
 from components.config import PipelineConfig
 from components.dag import StageIO
-from components.stages.parallel_warmup import run_warmup
+from components.training.warmup import train_warmup
 
 
 def run(cfg: PipelineConfig, io: StageIO) -> dict[str, Any]:
-    return run_warmup(cfg, io, cfg.sequential_warmup)
+    records = read_shards(io.input("reject_filter/accepted"))
+    return train_warmup(cfg, io, cfg.sequential_warmup, records, cfg.schema_name)

@@ -18,25 +18,7 @@ import pytest
 from typing_extensions import get_protocol_members
 
 from components.config import PipelineConfig, load_config
-from components.evaluation.job import EvalJobConfig
-from components.tracking import TrackedConfig
-from components.training.config import StageSections
-from components.training.job import RLJobConfig, RLTrainerConfig, VerlJobConfig
-from components.training.memory import PlanConfig
-from components.training.tiny_seed import SeedJobConfig
-
-# Every Protocol standing for PipelineConfig: what components.training's and components.evaluation's
-# functions take (and components.tracking's, which sft_run passes its config on to).
-PROTOCOLS = [
-    StageSections,
-    PlanConfig,
-    VerlJobConfig,
-    RLTrainerConfig,
-    RLJobConfig,
-    SeedJobConfig,
-    TrackedConfig,
-    EvalJobConfig,
-]
+from tests.support.config_reads import PIPELINE_PROTOCOLS as PROTOCOLS
 
 
 def _declared(protocol: type, name: str) -> Any:

@@ -152,3 +152,55 @@ def test_every_stage_declares_its_record_flat_metrics_and_plots(in_repo: Path) -
         assert "metrics.json" not in io.outputs and all(
             str(p).startswith("artifacts/") for p in io.outputs.values()
         )
+
+
+def _param_problems(specs: dict) -> list[str]:
+    from tests.support.config_reads import stage_config_reads
+
+    problems = []
+    for name, spec in specs.items():
+        listed = {key.split(".")[0] for key in spec.params}
+        reads = stage_config_reads(name)
+        if missing := sorted(reads - listed):
+            problems.append(f"{name}: dvc.yaml params miss sections it reads: {missing}")
+        if unread := sorted(listed - reads):
+            problems.append(f"{name}: dvc.yaml params list sections it never reads: {unread}")
+    return problems
+
+
+def test_params_are_the_sections_each_stage_reads(in_repo: Path) -> None:
+    # a section a stage reads but does not list = a stale output `dvc repro` never reruns (models, once)
+    assert _param_problems(load_stages()) == []
+
+
+def test_params_check_fails_when_a_param_is_removed_or_added(in_repo: Path) -> None:
+    from dataclasses import replace
+
+    specs = load_stages()
+    for stage in ("npr_zero", "distill", "evaluate", "seed"):
+        without = replace(specs[stage], params=tuple(p for p in specs[stage].params if p != "models"))
+        assert _param_problems({stage: without}) == [
+            f"{stage}: dvc.yaml params miss sections it reads: ['models']"
+        ]
+    extra = replace(specs["reject_filter"], params=(*specs["reject_filter"].params, "grading"))
+    assert _param_problems({"reject_filter": extra}) == [
+        "reject_filter: dvc.yaml params list sections it never reads: ['grading']"
+    ]
+
+
+def test_config_reads_follow_declared_types(tmp_path: Path, in_repo: Path) -> None:
+    from tests.support.config_reads import file_config_reads
+
+    source = tmp_path / "toy.py"
+    source.write_text(
+        "def whole(cfg: PipelineConfig, n: int) -> None:\n"
+        "    cfg.models.attn_implementation\n"
+        "    cfg.engine_settings_of(n)\n"
+        "def part(grading: GradingConfig | None, other) -> None:\n"
+        "    other.prompts\n"  # untyped: says nothing
+        "def shared(section: RLStageConfig) -> None:\n"  # a type several sections share: says nothing
+        "    section.steps\n"
+    )
+    assert file_config_reads(source, "npr_zero", ("npr_zero", "seed")) == {"models", "grading"}
+    # engine_settings_of reads parallel_r1 for a Parallel-R1 checkpoint only
+    assert file_config_reads(source, "pr1_rl", ("pr1_rl", "pr1_coldstart")) == {"models", "grading", "parallel_r1"}
