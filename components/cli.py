@@ -321,10 +321,12 @@ def _track_with_dvc(dest: Path) -> str:
     if not Path(".dvc").is_dir() or not Path(f"{dest}.dvc").exists():
         return "not tracked (no .dvc directory or no data.dvc here)"
     before = Path(f"{dest}.dvc").read_text()
-    dvc = Path(sys.executable).with_name("dvc")
-    proc = subprocess.run([str(dvc), "add", "-q", str(dest)], capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        _fail(f"dvc add {dest} failed:\n{proc.stderr or proc.stdout}", 1)
+    from components import storage  # lazy: startup
+
+    try:
+        storage.dvc_add(dest)
+    except UserError as err:
+        _fail(str(err), 1)
     return "unchanged" if Path(f"{dest}.dvc").read_text() == before else f"updated {dest}.dvc (commit it)"
 
 
@@ -545,8 +547,9 @@ def plots(
         return
     if action not in ("show", "diff"):
         _fail(f"unknown action {action!r}: show | diff | template")
-    dvc = Path(sys.executable).with_name("dvc")
-    raise typer.Exit(subprocess.run([str(dvc), "plots", action, *ctx.args], check=False).returncode)
+    from components.storage import dvc_executable  # lazy: startup
+
+    raise typer.Exit(subprocess.run([dvc_executable(), "plots", action, *ctx.args], check=False).returncode)
 
 
 @app.command("server")

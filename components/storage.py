@@ -27,6 +27,9 @@ import fcntl
 import json
 import logging
 import os
+import shutil
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -37,9 +40,25 @@ from typing import Any, TypeVar
 import yaml
 
 from components.dag import ARTIFACTS, load_stages
+from components.errors import UserError
 from components.ops.config import StorageConfig
 
 log = logging.getLogger(__name__)
+
+
+def dvc_executable() -> str:
+    """The ``dvc`` of this environment (beside the running Python), else the one on PATH."""
+    local = Path(sys.executable).with_name("dvc")
+    return str(local) if local.exists() else (shutil.which("dvc") or "dvc")
+
+
+def dvc_add(path: Path) -> None:
+    """``dvc add`` ``path`` (its ``.dvc`` file is the user's to commit); UserError with DVC's message."""
+    # not -q: it silences the error too, and the failure would say nothing
+    proc = subprocess.run([dvc_executable(), "add", str(path)], capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise UserError(f"dvc add {path} failed: {' '.join((proc.stderr or proc.stdout).split())}")
+
 
 STATE_FILE = Path(".dvc/tmp/npr-unpushed.json")
 T = TypeVar("T")

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import logging
 import shutil
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -30,6 +28,7 @@ from typing import Any
 from prefect import flow, task
 from prefect.states import Failed
 
+from components import storage
 from components.artifacts import write_json
 from components.config import PipelineConfig, load_config
 from components.dag import stage_io
@@ -240,15 +239,7 @@ def track_with_dvc(path: Path) -> str:
     """`dvc add` the baseline file (the user commits the ``.dvc`` file; `dvc push` sends the content)."""
     if not Path(".dvc").is_dir():
         return "not tracked (no .dvc directory here)"
-    dvc = Path(sys.executable).with_name("dvc")
-    proc = subprocess.run(
-        [str(dvc) if dvc.exists() else "dvc", "add", "-q", str(path)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if proc.returncode != 0:
-        raise UserError(f"dvc add {path} failed: {' '.join((proc.stderr or proc.stdout).split())}")
+    storage.dvc_add(path)
     return f"tracked by {path}.dvc (commit it; `dvc push` sends the baseline to the remote)"
 
 

@@ -30,6 +30,7 @@ from prefect.runtime import flow_run
 from prefect.states import Completed
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from components import storage
 from components.config import PipelineConfig, load_config
 from components.dag import ancestors, independent_stages, load_stages, stage_order
 from components.fingerprint import stage_fingerprint
@@ -40,7 +41,6 @@ from flows.stage import (
     RAN,
     RESTORED,
     UP_TO_DATE,
-    _dvc,
     ensure_profile,
     execute_stage,
     lock_entries,
@@ -229,7 +229,7 @@ def plan(cfg: PipelineConfig, stages: list[str], current: PipelineConfig | None 
     asked for, not written) differs from ``current`` (params.yaml), the stages whose params change and every
     stage downstream of them are stale too.
     """
-    proc = subprocess.run([_dvc(), "status", "--json"], capture_output=True, text=True, check=False)
+    proc = subprocess.run([storage.dvc_executable(), "status", "--json"], capture_output=True, text=True, check=False)
     try:
         stale = set(json.loads(proc.stdout or "{}"))
     except json.JSONDecodeError:

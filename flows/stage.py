@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import re
-import shutil
 import subprocess
 import sys
 import threading
@@ -57,11 +56,6 @@ def ensure_profile(profile: str, overrides: list[str] | None) -> PipelineConfig:
     if profile != current.profile or overrides:
         return materialise_profile(profile, overrides or [])
     return current
-
-
-def _dvc() -> str:
-    local = Path(sys.executable).with_name("dvc")
-    return str(local) if local.exists() else (shutil.which("dvc") or "dvc")
 
 
 def stage_metrics(stage: str) -> dict[str, Any]:
@@ -161,7 +155,7 @@ def execute_stage(
         storage.pull_stage_inputs(stage, cfg.storage)
     pulled = time.perf_counter()
     # --wait-for-lock: another branch's `dvc repro` may hold the lock while it checks or records its stage
-    cmd = [_dvc(), "--wait-for-lock", "repro", "--single-item", stage]
+    cmd = [storage.dvc_executable(), "--wait-for-lock", "repro", "--single-item", stage]
     seen: list[str] = []  # DVC's lines about this stage (its outcome), whatever the tail keeps
     watch = f"'{stage}'"
     progress = StageProgress(stage)
@@ -236,7 +230,7 @@ def restore_from_run_cache(stage: str, env: dict[str, str] | None = None, timeou
     dvc.lock, without running it (``NPR_RESTORE_ONLY`` makes `npr stage` refuse if DVC tried)."""
     env = dict(env or stage_env())
     env[RESTORE_ONLY_ENV] = "1"
-    cmd = [_dvc(), "--wait-for-lock", "repro", "--pull", "--single-item", stage]
+    cmd = [storage.dvc_executable(), "--wait-for-lock", "repro", "--pull", "--single-item", stage]
     returncode, tail, timed_out = stream_with_deadline(cmd, env, timeout_s)
     if returncode != 0 or timed_out:
         raise StageFailed(

@@ -79,3 +79,14 @@ def test_upstream_artifacts_are_outputs_of_other_stages(repo: Path) -> None:
         upstream_artifacts("nope", repo)
     with pytest.raises(StorageError, match="not a recorded output"):
         remote_uri("used", StorageConfig(remote="good"), root=repo)
+
+
+def test_dvc_add_failure_is_a_user_error_with_dvcs_message(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from components.errors import UserError
+    from components.storage import dvc_add, dvc_executable
+
+    assert Path(dvc_executable()).name == "dvc"
+    monkeypatch.chdir(tmp_path)  # not a DVC repository
+    (tmp_path / "baseline.yaml").write_text("x: 1\n")
+    with pytest.raises(UserError, match=r"dvc add baseline.yaml failed: .*(not inside of a DVC repository|dvc init)"):
+        dvc_add(Path("baseline.yaml"))
