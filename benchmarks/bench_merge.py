@@ -73,7 +73,7 @@ def decode(
 
     import yaml
 
-    from components.ops.sglang_server import launched
+    from components.engine.serving import launched
 
     with tempfile.TemporaryDirectory(prefix="npr-bench-sglang-") as work:
         tmp = Path(work)

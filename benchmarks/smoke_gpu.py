@@ -178,7 +178,8 @@ def _parallel_checkpoints(chain: list[str]) -> list[str]:
 
 def _stage_detail(section: Any, metrics: dict) -> str:
     """A stage row's note, by the stage's kind (its config section's type)."""
-    from components.engine.config import DistillConfig, RejectFilterConfig
+    from components.data.config import RejectFilterConfig
+    from components.engine.config import DistillConfig
     from components.models.config import SeedConfig
     from components.training.config import RLStageConfig, SFTStageConfig
 

@@ -19,8 +19,8 @@ from typing import Any, Literal, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError, model_validator
 
-from components.data.config import SampleOrzConfig
-from components.engine.config import DistillConfig, RejectFilterConfig
+from components.data.config import RejectFilterConfig, SampleOrzConfig
+from components.engine.config import DistillConfig
 from components.evaluation.config import EvaluateConfig, NightlyConfig
 from components.grading.config import GradingConfig
 from components.models.config import ModelsConfig, SeedConfig

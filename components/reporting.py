@@ -30,8 +30,8 @@ from typing import Any
 
 from components.artifacts import read_json, write_json
 from components.config import PipelineConfig
-from components.data.config import SampleOrzConfig
-from components.engine.config import DistillConfig, RejectFilterConfig
+from components.data.config import RejectFilterConfig, SampleOrzConfig
+from components.engine.config import DistillConfig
 from components.evaluation.report import accuracy_table, throughput_table
 from components.models.config import SeedConfig
 from components.training.config import RLStageConfig, SFTStageConfig

@@ -12,7 +12,7 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from components.engine.config import RejectFilterConfig
+from components.data.config import RejectFilterConfig
 
 REQUIRED_FIELDS: dict[str, type | tuple[type, ...]] = {
     "problem_id": str,

@@ -43,3 +43,12 @@ class SampleOrzConfig(StrictModel):
     max_answer_chars: int = Field(200, ge=1)
     min_kept_fraction: float = Field(0.9, ge=0.0, le=1.0)
     n_shards: int = Field(2, ge=1)
+
+
+class RejectFilterConfig(StrictModel):
+    """Stage `reject_filter`: keep correct AND structurally valid trajectories."""
+
+    max_accepted_per_problem: int = Field(1, ge=1)
+    min_response_tokens: int = Field(1, ge=0)
+    max_response_tokens: int = Field(30000, ge=1)
+    min_acceptance_rate: float = Field(0.0, ge=0, le=1)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, model_validator
 
@@ -94,7 +94,16 @@ class GenerationConfig(StrictModel):
         return self
 
 
-class DistillConfig(StrictModel):
+class DecodeStageConfig(StrictModel):
+    """The section of a stage that decodes with the engine (``distill``, ``evaluate``): each declares its own
+    ``generation`` (its defaults differ). What depends on decoding (the memory planner) dispatches on this
+    type instead of naming the stages."""
+
+    if TYPE_CHECKING:  # declared by each subclass, with its own default; here only for the type checker
+        generation: GenerationConfig
+
+
+class DistillConfig(DecodeStageConfig):
     """Stage `distill`: K samples per problem from NPR-Zero."""
 
     init_from: str = "npr_zero"
@@ -107,12 +116,3 @@ class DistillConfig(StrictModel):
     target_accepted: int | None = Field(None, ge=1)
     shard_size: int = Field(1024, ge=1)
     generation: GenerationConfig = GenerationConfig()
-
-
-class RejectFilterConfig(StrictModel):
-    """Stage `reject_filter`: keep correct AND structurally valid trajectories."""
-
-    max_accepted_per_problem: int = Field(1, ge=1)
-    min_response_tokens: int = Field(1, ge=0)
-    max_response_tokens: int = Field(30000, ge=1)
-    min_acceptance_rate: float = Field(0.0, ge=0, le=1)

@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from components.dag import model_stages
-from components.engine.config import GenerationConfig
+from components.engine.config import DecodeStageConfig, GenerationConfig
 from components.settings import StrictModel
 
 
@@ -70,7 +70,7 @@ def _every_model_stage() -> list[str]:
     return model_stages()
 
 
-class EvaluateConfig(StrictModel):
+class EvaluateConfig(DecodeStageConfig):
     """Stage `evaluate` and `npr eval`: which checkpoints, which benchmarks, the pinned sampling settings."""
 
     checkpoints: list[str] = Field(default_factory=_every_model_stage)

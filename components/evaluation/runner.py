@@ -9,7 +9,7 @@ engine batch are decoded in one call (``decode_groups``). For a parallel checkpo
 (``BenchmarkSpec.smoke``) are measured and reported but kept out of every average and of the speedup.
 
 With ``evaluate.generation.backend: sglang`` (the GPU profile) every checkpoint is decoded by a fresh SGLang
-server for that checkpoint (``components.ops.sglang_server.serving``, stopped afterwards), parallel ones
+server for that checkpoint (``components.engine.serving.serving``, stopped afterwards), parallel ones
 through the SGLang backend's fork/merge, so tokens/s and the speedup are the served engine's; before any
 server starts, every prompt of every checkpoint is checked to fit the server's context length with
 ``max_new_tokens``. Given a ``work_dir`` (the stage's), each finished checkpoint is kept there and a
@@ -34,6 +34,7 @@ from components.artifacts import read_jsonl, write_jsonl, write_shards
 from components.data.benchmarks import SPLIT_BENCHMARKS, load_benchmark
 from components.engine import Generation, GenerationConfig, generate
 from components.engine.generation import exact_semantics
+from components.engine.serving import check_context_length, context_length_for, serving
 from components.evaluation.config import BenchmarkSpec, EvaluateConfig
 from components.evaluation.job import EvalJobConfig
 from components.evaluation.metrics import (
@@ -44,7 +45,6 @@ from components.evaluation.metrics import (
 )
 from components.grading.config import GradingConfig
 from components.grading.judge import judge_many
-from components.ops.sglang_server import check_context_length, context_length_for, serving
 from components.progress import Task, track
 from components.prompts import prompt_fingerprint, render_prompt
 from components.structure import TagIds, TagTokenError, parse_ids, parse_text, trace_metrics

@@ -3,7 +3,7 @@
 (infra/ray/job.yaml is rendered by ``components.training.verl.ray_cluster.submit_stage_job``.)
 
 - ``sglang_server_command(spec)``: infra/sglang/server.yaml -> ``python -m sglang.launch_server ...``
-  (``components.ops.sglang_server`` starts it for a stage's checkpoint, waits for health, stops it); a
+  (``components.engine.serving`` starts it for a stage's checkpoint, waits for health, stops it); a
   server that listens beyond loopback must name ``api_key_env``, whose value becomes ``--api-key``
   (the key comes from the environment, a secret, never from the spec).
 

@@ -186,7 +186,7 @@ def run(cfg: PipelineConfig, io: StageIO) -> dict[str, Any]:
     work = out_dir.parent / WORK_DIR_NAME
     work.mkdir(parents=True, exist_ok=True)  # stamped and reset on any change by components.stages.run_stage
     if served:
-        from components.ops.sglang_server import (  # lazy: httpx
+        from components.engine.serving import (  # lazy: httpx
             check_context_length,
             context_length_for,
             serving,

@@ -27,7 +27,7 @@ from components.artifacts import atomic_dir, read_shards, write_json, write_shar
 from components.config import PipelineConfig
 from components.dag import StageIO
 from components.data.acceptance import filter_trajectories
-from components.engine.config import RejectFilterConfig
+from components.data.config import RejectFilterConfig
 from components.errors import UserError
 from components.progress import track
 

@@ -40,8 +40,7 @@ import torch
 import yaml
 from pydantic import BaseModel
 
-from components.engine.config import DistillConfig, GenerationConfig
-from components.evaluation.config import EvaluateConfig
+from components.engine.config import DecodeStageConfig, GenerationConfig
 from components.models.config import ModelsConfig, SeedConfig
 from components.ops.config import GpuSpec, OrchestrationConfig
 from components.settings import RunConfig
@@ -85,7 +84,7 @@ def _uses_verl(section: BaseModel | None) -> bool:
 
 
 def _serves_with_sglang(section: BaseModel | None) -> bool:
-    return isinstance(section, (DistillConfig, EvaluateConfig)) and section.generation.backend == "sglang"
+    return isinstance(section, DecodeStageConfig) and section.generation.backend == "sglang"
 
 
 class MemoryPlanError(ValueError):
@@ -489,7 +488,7 @@ def sglang_spec(generation: GenerationConfig) -> dict[str, Any]:
 
 
 def _decode_plans(
-    stage: str, section: DistillConfig | EvaluateConfig, cfg: PlanConfig, shape: ModelShape, gpu: GpuSpec
+    stage: str, section: DecodeStageConfig, cfg: PlanConfig, shape: ModelShape, gpu: GpuSpec
 ) -> list[PhasePlan]:
     gen = section.generation
     w = compute_dtype_bytes(cfg)
@@ -549,7 +548,7 @@ def plan_stage(
             # verl on the CPU platform (tiny) holds no device memory to plan
             return [] if section.verl.device == "cpu" else _verl_plans(stage, section, cfg, shape, gpu)
         return _local_rl_plans(stage, section, cfg, shape) if uses_gpu(cfg) else []
-    if isinstance(section, (DistillConfig, EvaluateConfig)):
+    if isinstance(section, DecodeStageConfig):
         gen = section.generation
         use = gen.backend == "sglang" or uses_gpu(cfg)
         return _decode_plans(stage, section, cfg, shape, gpu) if use else []

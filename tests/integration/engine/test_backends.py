@@ -2,7 +2,7 @@
 
 Backends (``BACKENDS``): the torch engine in both merge modes; SGLang's native HTTP API, served by the
 protocol-faithful stand-in server (tests/support/sglang_standin.py) started as a real subprocess through
-``components.ops.sglang_server``; and the async driver over an in-process ``async generate`` (the shape
+``components.engine.serving``; and the async driver over an in-process ``async generate`` (the shape
 of verl's agent-loop ``server_manager.generate``). Invariants: structure and canonical layout, canonical
 positions, branch-token log-probs equal to the trainer's teacher forcing under
 ``parallel_attention_inputs`` (<= 1e-4; every token for ``shared_kv``, and for ``reprefill`` the
@@ -35,9 +35,9 @@ from components.engine.async_driver import generate_async
 from components.engine.backends.torch_tokens import TorchTokenGenerator
 from components.engine.controller import end_of_turn_ids
 from components.engine.ledger import TokenLedger
+from components.engine.serving import launched
 from components.models.tags import add_tag_tokens
 from components.models.tiny import tiny_test_world
-from components.ops.sglang_server import launched
 from components.structure import (
     Role,
     StructureError,

@@ -108,7 +108,7 @@ def test_distill_serves_its_checkpoint_with_sglang_and_keeps_finished_chunks(
     import pytest
 
     from components.engine.backends.sglang_client import SGLangError
-    from components.ops.sglang_server import SGLangServerError
+    from components.engine.serving import SGLangServerError
 
     io, cfg = _setup(tmp_path)
     sglang = {"backend": "sglang", "merge_mode": "reprefill", "server_start_timeout_s": 120.0}

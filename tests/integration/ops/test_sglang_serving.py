@@ -14,8 +14,7 @@ import yaml
 
 from components.engine import GenerationConfig, generate
 from components.engine.backends.sglang_client import SGLangError
-from components.models.tiny import tiny_test_world
-from components.ops.sglang_server import (
+from components.engine.serving import (
     SGLangServerError,
     attached,
     check_context_length,
@@ -23,6 +22,7 @@ from components.ops.sglang_server import (
     launched,
     serving,
 )
+from components.models.tiny import tiny_test_world
 from components.structure import TagIds
 
 TWO_PLANS = "<guideline><plan>1: add</plan><plan>2: mul</plan></guideline>"
@@ -202,7 +202,7 @@ def test_sigterm_to_the_stage_stops_its_server(world, tmp_path: Path) -> None:
     script = (
         "import sys, time\n"
         "from components.engine import GenerationConfig\n"
-        "from components.ops.sglang_server import launched\n"
+        "from components.engine.serving import launched\n"
         f"cfg = GenerationConfig(backend='sglang', merge_mode='reprefill', server_spec={str(spec)!r},"
         " server_start_timeout_s=120)\n"
         f"with launched({str(path)!r}, cfg, {str(tmp_path / 'logs')!r}) as url:\n"

@@ -244,3 +244,49 @@ def test_no_function_takes_the_whole_config_untyped(tmp_path: Path) -> None:
     (tmp_path / "flows").mkdir()
     (tmp_path / "components" / "m.py").write_text("def f(cfg: Any, gen_cfg: Any) -> None: ...\n")
     assert untyped_configs(tmp_path) == ["components/m.py:1"]  # the checker sees one
+
+
+# Units on one floor may use each other, one way only, and these pairs not at all (issue 45).
+NOT_ON_ONE_FLOOR: dict[tuple[str, str], str] = {
+    ("components.training", "components.evaluation"): "training plans and trains; decode stages are named by "
+    "their section type (engine's DecodeStageConfig), not by evaluation's",
+    ("components.data", "components.engine"): "the data gates own their settings (RejectFilterConfig)",
+}
+
+
+def _unit_of(module: str) -> str:
+    return max((u for _, units in FLOORS for u in units if module == u or module.startswith(u + ".")), key=len)
+
+
+def unit_edges(root: Path) -> dict[tuple[str, str], list[str]]:
+    found: dict[tuple[str, str], list[str]] = {}
+    for src, dst, line in edges(root):
+        a, b = _unit_of(src), _unit_of(dst)
+        if a != b and "components" not in (a, b):
+            found.setdefault((a, b), []).append(f"{src}:{line} -> {dst}")
+    return found
+
+
+def test_units_on_one_floor_import_each_other_one_way_only() -> None:
+    found = unit_edges(ROOT)
+    both = sorted((a, b) for a, b in found if a < b and (b, a) in found)
+    assert not both, "units that import each other:\n" + "\n".join(
+        f"  {a} <-> {b}: {found[(a, b)][:2]} / {found[(b, a)][:2]}" for a, b in both
+    )
+    banned = sorted(pair for pair in NOT_ON_ONE_FLOOR if pair in found)
+    assert not banned, "\n".join(f"  {a} -> {b}: {found[(a, b)][:3]} ({NOT_ON_ONE_FLOOR[(a, b)]})" for a, b in banned)
+
+
+def test_the_one_way_check_finds_a_pair_that_imports_each_other(tmp_path: Path) -> None:
+    for rel, text in {
+        "components/__init__.py": "",
+        "components/engine/__init__.py": "",
+        "components/engine/x.py": "from components.ops import y\n",
+        "components/ops/__init__.py": "",
+        "components/ops/y.py": "import components.engine.x\n",
+        "flows/__init__.py": "",
+    }.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    found = unit_edges(tmp_path)
+    assert ("components.engine", "components.ops") in found and ("components.ops", "components.engine") in found

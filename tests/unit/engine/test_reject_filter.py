@@ -10,7 +10,7 @@ from components.artifacts import read_json, read_shards, write_shards
 from components.config import load_config
 from components.dag import StageIO
 from components.data.acceptance import filter_trajectories
-from components.engine.config import RejectFilterConfig
+from components.data.config import RejectFilterConfig
 from components.stages import reject_filter
 from components.stages.reject_filter import QualityGateError
 

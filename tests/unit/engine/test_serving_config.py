@@ -9,8 +9,8 @@ from pydantic import ValidationError
 
 from components.config import load_config
 from components.engine import GenerationConfig
+from components.engine.serving import server_spec, spec_context_length
 from components.ops.launch import sglang_server_command
-from components.ops.sglang_server import server_spec, spec_context_length
 
 
 def test_qwen_profile_serves_distill_and_evaluate_with_sglang(in_repo: Path) -> None:
@@ -51,8 +51,8 @@ def test_generation_config_rejects_what_a_server_cannot_do() -> None:
 
 
 def test_isolated_merge_is_off_by_default_and_launches_the_plugins_server_when_on(in_repo: Path) -> None:
+    from components.engine.serving import SGLangServerError
     from components.ops.launch import ISOLATED_MERGE_ENV
-    from components.ops.sglang_server import SGLangServerError
 
     for profile in ("tiny", "qwen3-4b"):
         cfg = load_config(profile=profile)
