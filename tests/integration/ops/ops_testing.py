@@ -10,6 +10,7 @@ from __future__ import annotations
 import configparser
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -225,3 +226,13 @@ def group_alive(pid: int, grace_s: float = 5.0) -> bool:
         if time.monotonic() > deadline:
             return True
         time.sleep(0.1)
+
+
+def inherited_dispositions(sig: signal.Signals):
+    """For SIGINT, start the process with SIGINT ignored, as `cmd &` in a script does (a shell without job
+    control): Python then installs no KeyboardInterrupt, and only an explicit handler stops it."""
+
+    def ignore_sigint() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    return ignore_sigint if sig == signal.SIGINT else None

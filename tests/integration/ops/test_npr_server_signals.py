@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from ops_testing import REPO, VENV_BIN, free_port, group_alive
+from ops_testing import REPO, VENV_BIN, free_port, group_alive, inherited_dispositions
 
 from components.ops.prefect_ops import api_url, wait_healthy
 
@@ -25,16 +25,6 @@ def _port_open(port: int) -> bool:
     with socket.socket() as s:
         s.settimeout(1)
         return s.connect_ex(("127.0.0.1", port)) == 0
-
-
-def _inherited_dispositions(sig: signal.Signals):
-    """For SIGINT, start the process with SIGINT ignored, as `cmd &` in a script does (a shell without job
-    control): Python then installs no KeyboardInterrupt, and only an explicit handler stops it."""
-
-    def ignore_sigint() -> None:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-    return ignore_sigint if sig == signal.SIGINT else None
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
@@ -50,7 +40,7 @@ def test_a_signal_to_npr_server_stops_the_prefect_server(tmp_path: Path, sig: si
     npr = subprocess.Popen(
         [str(VENV_BIN / "npr"), "server", "--port", str(port), "--no-register"],
         cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        preexec_fn=_inherited_dispositions(sig),
+        preexec_fn=inherited_dispositions(sig),
     )  # fmt: skip
     server_pids: list[int] = []
     try:

@@ -17,7 +17,7 @@ from typing import Any
 
 import psutil
 import pytest
-from ops_testing import REPO, VENV_BIN, free_port, group_alive
+from ops_testing import REPO, VENV_BIN, free_port, group_alive, inherited_dispositions
 
 from components.env import SERVER_FILE
 from components.ops.prefect_ops import api_url, wait_healthy
@@ -137,16 +137,6 @@ def test_a_refused_night_by_hand_is_one_line_not_a_flow_traceback(
     assert "Traceback" not in night.stdout + night.stderr
 
 
-def _inherited_dispositions(sig: signal.Signals):
-    """For SIGINT, start the process with SIGINT ignored, as `cmd &` in a script does (a shell without job
-    control): Python then installs no KeyboardInterrupt, and only an explicit handler stops it."""
-
-    def ignore_sigint() -> None:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-    return ignore_sigint if sig == signal.SIGINT else None
-
-
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_npr_worker_stops_on_a_signal(server: dict[str, Any], sig: signal.Signals) -> None:
     log_path = server["tmp"] / f"worker-{sig.name}.log"
@@ -154,7 +144,7 @@ def test_npr_worker_stops_on_a_signal(server: dict[str, Any], sig: signal.Signal
     proc = subprocess.Popen(
         [str(VENV_BIN / "npr"), "worker", "--pool", "cpu"],
         cwd=REPO, env=_env(server["home"]), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        preexec_fn=_inherited_dispositions(sig),
+        preexec_fn=inherited_dispositions(sig),
     )  # fmt: skip
     children: list[int] = []
     try:

@@ -27,13 +27,14 @@ from verl.workers.utils.losses import ppo_loss
 from verl.workers.utils.padding import no_padding_2_padding
 
 from components.config import load_config
-from components.data.synthetic import expression_of, generate_problems, render_parallel, render_sequential
+from components.data.synthetic import expression_of, generate_problems, render_parallel
 from components.models.tiny import tiny_test_world
 from components.prompts import render_prompt
 from components.structure import TagIds, post_merge_mask
 from components.training.rl_batch import Rollout, build_policy_batch, response_log_probs
 from components.training.rl_objective import compute_policy_loss
 from components.training.verl.plugins.engine import NPRParallelEngine
+from tests.support.builders import rendered_rollouts as make_rollouts
 
 
 @pytest.fixture(scope="module")
@@ -72,28 +73,6 @@ def npr_engine(model, tok, monkeypatch) -> NPRParallelEngine:
     engine._autocast_dtype = torch.float32  # CPU: verl skips autocast for fp32
     engine.scaler = None
     return engine
-
-
-def make_rollouts(tok, cfg, n: int, parallel: bool, seed: int) -> list[Rollout]:
-    rng = random.Random(seed)
-    out = []
-    for i, p in enumerate(generate_problems(n, seed=seed)):
-        prompt = render_prompt(tok, p["problem"], cfg.prompts, "parallel")
-        expr = expression_of(p)
-        text = render_parallel(expr, rng) if parallel else render_sequential(expr, rng)
-        out.append(
-            Rollout(
-                group_id=f"g{i // 2}",
-                problem_id=p["id"],
-                answer=p["answer"],
-                prompt_ids=tok.encode(prompt, add_special_tokens=False),
-                response_ids=tok.encode(text, add_special_tokens=False) + [tok.eos_token_id],
-                text=text,
-                finish_reason="stop",
-                parallel_taken=parallel,
-            )
-        )
-    return out
 
 
 def verl_batch(rollouts, advantages, rollout_log_probs, micro_batch_size: int):

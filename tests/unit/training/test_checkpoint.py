@@ -7,7 +7,6 @@ import random
 import pytest
 import torch
 
-from components.data import synthetic
 from components.training.checkpoint import (
     TrainingState,
     latest_checkpoint,
@@ -16,7 +15,7 @@ from components.training.checkpoint import (
     save_checkpoint,
 )
 from components.training.sft import EpochSource, SFTSettings, build_optimizer, build_scheduler, train_sft
-from components.training.sft_data import encode_example
+from tests.support.builders import sequential_sft_examples
 
 
 @pytest.fixture(scope="module")
@@ -30,17 +29,6 @@ def _fresh(world):
     model = type(world[0])(world[0].config)
     model.load_state_dict(world[0].state_dict())
     return model
-
-
-def _examples(tokenizer, n=12):
-    rng = random.Random(0)
-    out = []
-    for i, rec in enumerate(synthetic.generate_problems(n, 0, {"easy": 1.0})):
-        prompt = tokenizer.apply_chat_template(
-            [{"role": "user", "content": rec["problem"]}], tokenize=False, add_generation_prompt=True
-        )
-        out.append(encode_example(tokenizer, prompt, synthetic.render_solution(rec, "sequential", rng), i))
-    return out
 
 
 SETTINGS = SFTSettings(
@@ -91,7 +79,7 @@ def test_state_round_trip(world, tmp_path):
 
 def test_interrupted_run_resumes_from_saved_step_and_matches_unbroken_run(world, tmp_path):
     _, tokenizer = world
-    source = EpochSource(_examples(tokenizer), SETTINGS.examples_per_step, seed=SETTINGS.seed)
+    source = EpochSource(sequential_sft_examples(tokenizer, 12), SETTINGS.examples_per_step, seed=SETTINGS.seed)
     pad = tokenizer.pad_token_id
 
     unbroken = _fresh(world)

@@ -25,6 +25,7 @@ from components.training.rl import RLTrainer
 from components.training.rl_batch import Rollout
 from components.training.sft import SFTSettings, _train_step, build_optimizer, build_scheduler, train_sft
 from components.training.sft_data import encode_example
+from tests.support.builders import random_rollout_groups, sequential_sft_examples
 
 torch.set_num_threads(1)
 DEVICES = ["cpu", "meta"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -92,37 +93,13 @@ def test_master_weights_keep_the_small_updates_bf16_adamw_rounds_away():
     assert torch.equal(master_model, fp32.to(torch.bfloat16))  # the model holds them rounded
 
 
-def _rl_groups(vocab: int) -> list[list[Rollout]]:
-    rng = random.Random(0)
-    groups = []
-    for g in range(3):
-        prompt = [rng.randrange(5, vocab) for _ in range(rng.randint(6, 20))]
-        groups.append(
-            [
-                Rollout(
-                    group_id=f"g{g}",
-                    problem_id=f"p{g}",
-                    answer="1",
-                    prompt_ids=prompt,
-                    response_ids=[rng.randrange(5, vocab) for _ in range(rng.randint(2, 30))],
-                    text="",
-                    finish_reason="stop",
-                    parallel_taken=False,
-                    reward=float(rng.choice([-1.0, 1.0, 0.5])),
-                )
-                for _ in range(4)
-            ]
-        )
-    return groups
-
-
 def _rl_update(model, tok, tmp_path, stage="papo_rl", extra=()):
     cfg = load_config(
         profile="tiny", overrides=[f"{stage}.lr=1e-7", f"{stage}.engine_mode=sequential", *extra]
     )
     problems = generate_problems(4, seed=1)
     trainer = RLTrainer(stage, cfg, model, tok, problems, problems, tmp_path)
-    stats = trainer._update(_rl_groups(len(tok)), Counter())
+    stats = trainer._update(random_rollout_groups(len(tok)), Counter())
     return trainer, stats
 
 
@@ -147,17 +124,6 @@ def test_an_rl_update_at_lr_1e_7_moves_bf16_weights_as_fp32_does(world, tmp_path
         assert agree > 0.9, (name, agree)
 
 
-def _sft_examples(tok, n=8):
-    rng = random.Random(0)
-    out = []
-    for i, rec in enumerate(synthetic.generate_problems(n, 0, {"easy": 1.0})):
-        prompt = tok.apply_chat_template(
-            [{"role": "user", "content": rec["problem"]}], tokenize=False, add_generation_prompt=True
-        )
-        out.append(encode_example(tok, prompt, synthetic.render_solution(rec, "sequential", rng), i))
-    return out
-
-
 SFT = SFTSettings(
     mode="sequential",
     total_steps=4,
@@ -172,7 +138,7 @@ SFT = SFTSettings(
 
 def test_an_sft_step_at_lr_1e_7_moves_bf16_weights_as_fp32_does(world):
     model, tok = world
-    examples = _sft_examples(tok)[:4]
+    examples = sequential_sft_examples(tok, 8)[:4]
     moved = {}
     for dtype in (torch.float32, torch.bfloat16):
         m = _copy(model, dtype)
@@ -192,7 +158,7 @@ def test_an_sft_step_at_lr_1e_7_moves_bf16_weights_as_fp32_does(world):
 
 def test_a_resumed_bf16_sft_run_is_byte_identical_to_an_unbroken_one(world, tmp_path):
     model, tok = world
-    examples = _sft_examples(tok, 8)
+    examples = sequential_sft_examples(tok, 8)
     source = lambda step: [examples[(step * 4 + i) % len(examples)] for i in range(4)]  # noqa: E731
     settings = SFTSettings(**{**SFT.__dict__, "lr": 1e-4})
     unbroken = _copy(model, torch.bfloat16)
@@ -229,7 +195,7 @@ def test_a_resumed_bf16_sft_run_is_byte_identical_to_an_unbroken_one(world, tmp_
 
 def test_a_resume_in_another_precision_is_refused(world, tmp_path):
     model, tok = world
-    examples = _sft_examples(tok, 4)
+    examples = sequential_sft_examples(tok, 4)
     source = lambda step: examples  # noqa: E731
     settings = SFTSettings(**{**SFT.__dict__, "total_steps": 1, "save_every": 1})
     train_sft(_copy(model), source, settings, tmp_path, pad_id=tok.pad_token_id, show_progress=False)
@@ -261,7 +227,7 @@ def test_an_rl_update_keeps_every_tensor_on_the_model_device(world, tmp_path, de
     cfg = load_config(profile="tiny", overrides=list(extra))
     problems = generate_problems(4, seed=1)
     trainer = RLTrainer(stage, cfg, on_device, tok, problems, problems, tmp_path)
-    groups = _rl_groups(len(tok)) if stage != "papo_rl" else _parallel_groups(tok, cfg)
+    groups = random_rollout_groups(len(tok)) if stage != "papo_rl" else _parallel_groups(tok, cfg)
     with FakeScalars():
         stats = trainer._update(groups, Counter())
     assert stats["actor/optimizer_steps"] >= 1
@@ -355,7 +321,7 @@ def test_an_autocast_sft_step_computes_in_bf16_over_fp32_weights(world, mode):
     """The forward's (and so the backward's) matmuls run in bf16; weights, grads and AdamW stay fp32; the
     loss is the fp32 step's to bf16 rounding."""
     model, tok = world
-    examples = _sft_examples(tok)[:4]
+    examples = sequential_sft_examples(tok, 8)[:4]
     tags = TagIds.from_tokenizer(tok, "npr") if mode == "parallel" else None
     losses, seen = {}, {}
     for autocast in (None, "bfloat16"):

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 
 from components.config import load_config
-from components.data.synthetic import expression_of, generate_problems, render_parallel
 from components.models.tiny import tiny_test_world
-from components.prompts import render_prompt
 from components.structure import TagIds, parallel_attention_inputs, prediction_sources
-from components.training.rl_batch import Rollout, build_policy_batch, response_log_probs, structural_rejection
+from components.training.rl_batch import build_policy_batch, response_log_probs, structural_rejection
 from components.training.rl_objective import actor_config, compute_advantages, compute_policy_loss
+from tests.support.builders import rendered_rollouts as make_rollouts
 
 torch.set_num_threads(1)
 
@@ -22,27 +19,6 @@ torch.set_num_threads(1)
 def world():
     model, tok = tiny_test_world(seed=0)
     return model, tok, TagIds.from_tokenizer(tok, "npr"), load_config(profile="tiny")
-
-
-def make_rollouts(tok, cfg, n: int, mistake: str | None = None, seed: int = 3) -> list[Rollout]:
-    rng = random.Random(seed)
-    out = []
-    for i, p in enumerate(generate_problems(n, seed=seed)):
-        prompt = render_prompt(tok, p["problem"], cfg.prompts, "parallel")
-        text = render_parallel(expression_of(p), rng, mistake)
-        out.append(
-            Rollout(
-                group_id=f"g{i // 2}",
-                problem_id=p["id"],
-                answer=p["answer"],
-                prompt_ids=tok.encode(prompt, add_special_tokens=False),
-                response_ids=tok.encode(text, add_special_tokens=False) + [tok.eos_token_id],
-                text=text,
-                finish_reason="stop",
-                parallel_taken=True,
-            )
-        )
-    return out
 
 
 def test_batched_parallel_forward_equals_per_sample_forward(world):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import random
 from collections import Counter
 
 import pytest
@@ -11,7 +10,8 @@ import torch
 from components.config import load_config
 from components.data.synthetic import generate_problems
 from components.training.rl import RLTrainer
-from components.training.rl_batch import Rollout, length_sorted_micro_batches
+from components.training.rl_batch import length_sorted_micro_batches
+from tests.support.builders import random_rollout_groups
 
 
 @pytest.fixture(scope="module")
@@ -19,30 +19,6 @@ def world():
     from components.models.tiny import tiny_test_world
 
     return tiny_test_world(seed=0)
-
-
-def _groups(vocab: int, n_groups: int = 3, size: int = 4) -> list[list[Rollout]]:
-    rng = random.Random(0)
-    groups = []
-    for g in range(n_groups):
-        prompt = [rng.randrange(5, vocab) for _ in range(rng.randint(6, 20))]
-        groups.append(
-            [
-                Rollout(
-                    group_id=f"g{g}",
-                    problem_id=f"p{g}",
-                    answer="1",
-                    prompt_ids=prompt,
-                    response_ids=[rng.randrange(5, vocab) for _ in range(rng.randint(2, 30))],
-                    text="",
-                    finish_reason="stop",
-                    parallel_taken=False,
-                    reward=float(rng.choice([-1.0, 1.0, 0.5])),
-                )
-                for _ in range(size)
-            ]
-        )
-    return groups
 
 
 @pytest.mark.parametrize(
@@ -72,7 +48,7 @@ def test_micro_batched_update_equals_one_batch(world, tmp_path, stage, extra):
         copy = type(model)(model.config)
         copy.load_state_dict(model.state_dict())
         trainer = RLTrainer(stage, cfg, copy, tok, problems, problems, tmp_path / str(micro))
-        stats = trainer._update(_groups(len(tok)), Counter())
+        stats = trainer._update(random_rollout_groups(len(tok)), Counter())
         results.append((stats, {n: q.grad.clone() for n, q in copy.named_parameters()}))
     (one, g_one), (micro, g_micro) = results
     assert sum(float(g.abs().sum()) for g in g_one.values()) > 0, "the loss must have a gradient"
@@ -85,7 +61,7 @@ def test_micro_batched_update_equals_one_batch(world, tmp_path, stage, extra):
 
 def test_micro_batches_are_length_sorted_and_cover_every_rollout(world):
     _, tok = world
-    rollouts = [r for g in _groups(len(tok), 4, 5) for r in g]
+    rollouts = [r for g in random_rollout_groups(len(tok), 4, 5) for r in g]
     idx = list(range(len(rollouts)))
     parts = length_sorted_micro_batches(rollouts, idx, 6)
     assert [len(p) for p in parts] == [5, 5, 5, 5] and sorted(i for p in parts for i in p) == idx
