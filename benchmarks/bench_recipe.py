@@ -49,7 +49,7 @@ from benchmarks._smoke import parse_args  # noqa: E402
 from components.artifacts import read_shards  # noqa: E402
 from components.config import ConfigError, load_config, training_seed_overrides, training_seeds  # noqa: E402
 from components.dag import load_stages  # noqa: E402
-from components.evaluation.recipe import recipe_markdown, recipe_summary  # noqa: E402
+from components.evaluation.recipe import Recipe, recipe_markdown, recipe_summary  # noqa: E402
 from components.evaluation.report import accuracy_table, benchmark_names  # noqa: E402
 from components.evaluation.spread import (  # noqa: E402
     SeedSpreadError,
@@ -244,6 +244,11 @@ def _notes(runs: Sequence[SpreadRun]) -> None:
                 print(f"note: {a.source} and {b.source} trained with the same seeds", file=sys.stderr)
 
 
+def _recipe() -> Recipe:
+    """The paper's comparison as this checkout's params.yaml states it (evaluate.recipe_*)."""
+    return Recipe.of(load_config(ROOT / "params.yaml", root=ROOT).evaluate)
+
+
 def spread_main(args: argparse.Namespace) -> int:
     clones: list[Path] = []
     try:
@@ -254,7 +259,7 @@ def spread_main(args: argparse.Namespace) -> int:
         benchmark = args.benchmark or (metrics[0].get("recipe") or {}).get("benchmark")
         if benchmark is None:
             raise BenchError("the first run's metrics.json names no recipe benchmark: pass --benchmark")
-        spread = aggregate(metrics, benchmark, runs)
+        spread = aggregate(metrics, benchmark, _recipe(), runs)
     except (BenchError, SeedSpreadError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
@@ -325,7 +330,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name in metrics["checkpoints"]
         if list((records_dir / name).glob(f"{args.benchmark}-*.jsonl"))
     }
-    summary = recipe_summary(metrics, records, args.benchmark, args.confidence, args.resamples, args.seed)
+    summary = recipe_summary(
+        metrics, records, args.benchmark, _recipe(), args.confidence, args.resamples, args.seed
+    )
     print(f"# Recipe on {args.benchmark}\n")
     print(recipe_markdown(summary))
     print(f"\n# Every benchmark of the run ({', '.join(benchmark_names(metrics))})\n")

@@ -318,6 +318,7 @@ def _evaluate_name_problems(cfg: PipelineConfig) -> list[str]:
     named = {
         "evaluate.prompt_style_overrides": cfg.evaluate.prompt_style_overrides,
         "evaluate.speedup.checkpoints": cfg.evaluate.speedup.checkpoints or (),
+        "evaluate.recipe_names": cfg.evaluate.recipe_names,
     }
     return [
         f"{key} {unknown} name neither a checkpoint nor a model stage"

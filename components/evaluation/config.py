@@ -70,6 +70,14 @@ def _every_model_stage() -> list[str]:
     return model_stages()
 
 
+class RecipeClaim(StrictModel):
+    """A claim of the paper: checkpoint ``a``'s accuracy minus ``b``'s is ``>= 0`` (``ge``) or ``> 0`` (``gt``)."""
+
+    a: str
+    b: str
+    relation: Literal["ge", "gt"]
+
+
 class EvaluateConfig(DecodeStageConfig):
     """Stage `evaluate` and `npr eval`: which checkpoints, which benchmarks, the pinned sampling settings."""
 
@@ -93,6 +101,30 @@ class EvaluateConfig(DecodeStageConfig):
     recipe_benchmark: str | None = None
     recipe_confidence: float = Field(0.95, gt=0, lt=1)
     recipe_resamples: int = Field(2000, ge=100)
+    # The paper's comparison: its checkpoints in its order, each the stage that writes it -> the paper's
+    # name for it (the relative recipe, arXiv 2509.07980, after NPR's and SR's, on the same seed and
+    # problems); the accuracy claims of its Table 2 (NPR against its starting point, its sequential twin,
+    # its warmup, Parallel-R1; the two warmups against each other); and the checkpoint the parallel-rate
+    # and speedup targets are about (NPR; None: no targets). A checkpoint of the run not named here is
+    # listed after these, by its stage name.
+    recipe_names: dict[str, str] = {
+        "seed": "seed (instruct)",
+        "npr_zero": "NPR-Zero",
+        "parallel_warmup": "NPR-Beta",
+        "sequential_warmup": "SR-Beta",
+        "papo_rl": "NPR",
+        "sr_rl": "SR",
+        "pr1_coldstart": "Parallel-R1 cold start",
+        "pr1_rl": "Parallel-R1",
+    }
+    recipe_claims: list[RecipeClaim] = [
+        RecipeClaim(a="papo_rl", b="seed", relation="ge"),
+        RecipeClaim(a="papo_rl", b="sr_rl", relation="ge"),
+        RecipeClaim(a="papo_rl", b="parallel_warmup", relation="gt"),
+        RecipeClaim(a="parallel_warmup", b="sequential_warmup", relation="ge"),
+        RecipeClaim(a="papo_rl", b="pr1_rl", relation="ge"),
+    ]
+    recipe_subject: str | None = "papo_rl"
     # The committed seed spread of the recipe (components/evaluation/spread.py: N runs of one commit with
     # shifted training seeds, written by benchmarks/bench_recipe.py --json): the report sets its mean and
     # spread beside each checkpoint's avg@n. None = none committed; a path that does not exist (yet) is
@@ -116,6 +148,10 @@ class EvaluateConfig(DecodeStageConfig):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"benchmark names must be unique; repeated: {dupes}")
+        named_in_claims = {c.a for c in self.recipe_claims} | {c.b for c in self.recipe_claims}
+        unnamed = sorted((named_in_claims | ({self.recipe_subject} - {None})) - set(self.recipe_names))
+        if unnamed:
+            raise ValueError(f"recipe_claims and recipe_subject name {unnamed}, which recipe_names does not")
         smoke = {b.name for b in self.benchmarks if b.smoke}
         named = (("speedup.benchmark", self.speedup.benchmark), ("recipe_benchmark", self.recipe_benchmark))
         for what, name in named:

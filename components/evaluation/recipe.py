@@ -22,21 +22,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from components.evaluation.bounds import bootstrap_ratio_interval, paired_bootstrap_difference
+from components.evaluation.config import EvaluateConfig
 from components.evaluation.metrics import group_by_problem
-
-# The paper's checkpoints in its order, and the pipeline stage that writes each.
-RECIPE_ORDER: tuple[tuple[str, str], ...] = (
-    ("seed", "seed (instruct)"),
-    ("npr_zero", "NPR-Zero"),
-    ("parallel_warmup", "NPR-Beta"),
-    ("sequential_warmup", "SR-Beta"),
-    ("papo_rl", "NPR"),
-    ("sr_rl", "SR"),
-    # the relative recipe (arXiv 2509.07980) on the same seed and problems, beside NPR and SR
-    ("pr1_coldstart", "Parallel-R1 cold start"),
-    ("pr1_rl", "Parallel-R1"),
-)
-PAPER_NAME = dict(RECIPE_ORDER)
 
 
 @dataclass(frozen=True)
@@ -47,34 +34,40 @@ class Claim:
     b: str
     relation: Literal["ge", "gt"]
 
-    @property
-    def text(self) -> str:
-        sign = "≥" if self.relation == "ge" else ">"
-        return f"{PAPER_NAME[self.a]} {sign} {PAPER_NAME[self.b]}"
+
+@dataclass(frozen=True)
+class Recipe:
+    """The paper's comparison as the evaluate section states it (``recipe_names``, ``recipe_claims``,
+    ``recipe_subject``): its checkpoints in its order with the paper's names, its accuracy claims, and the
+    checkpoint its parallel-rate and speedup targets are about."""
+
+    names: Mapping[str, str]
+    claims: tuple[Claim, ...] = ()
+    subject: str | None = None
+
+    @classmethod
+    def of(cls, ecfg: EvaluateConfig) -> Recipe:
+        claims = tuple(Claim(c.a, c.b, c.relation) for c in ecfg.recipe_claims)
+        return cls(dict(ecfg.recipe_names), claims, ecfg.recipe_subject)
+
+    def paper_name(self, checkpoint: str) -> str:
+        return self.names.get(checkpoint, checkpoint)
+
+    def claim_text(self, claim: Claim) -> str:
+        sign = "≥" if claim.relation == "ge" else ">"
+        return f"{self.paper_name(claim.a)} {sign} {self.paper_name(claim.b)}"
+
+    def order(self, checkpoints: Iterable[str]) -> list[str]:
+        """``checkpoints`` in the paper's order, then the others in their own order."""
+        given = list(dict.fromkeys(checkpoints))
+        known = [n for n in self.names if n in given]
+        return known + [n for n in given if n not in known]
 
 
-# The accuracy comparisons of the paper's Table 2 (issue #17): NPR vs its starting point, its sequential
-# twin and its warmup, and the two warmups against each other.
-CLAIMS: tuple[Claim, ...] = (
-    Claim("papo_rl", "seed", "ge"),
-    Claim("papo_rl", "sr_rl", "ge"),
-    Claim("papo_rl", "parallel_warmup", "gt"),
-    Claim("parallel_warmup", "sequential_warmup", "ge"),
-    # NPR's comparison with Parallel-R1 (its Table 2 lists Parallel-R1 among the parallel baselines)
-    Claim("papo_rl", "pr1_rl", "ge"),
-)
-# Targets on the NPR checkpoint (issue #17's "Done when").
+# Targets on the subject checkpoint, NPR (issue #17's "Done when").
 PARALLEL_RATE_TARGET = 0.95
 IDEAL_SPEEDUP_TARGET = 2.0
 EFFICIENCY_TARGET = 0.85
-NPR = "papo_rl"
-
-
-def recipe_order(names: Iterable[str]) -> list[str]:
-    """``names`` in the paper's order (``RECIPE_ORDER``), then the others in their own order."""
-    given = list(dict.fromkeys(names))
-    known = [n for n, _ in RECIPE_ORDER if n in given]
-    return known + [n for n in given if n not in known]
 
 
 def _per_problem(records: Sequence[Mapping[str, Any]], field: str) -> dict[str, float]:
@@ -99,6 +92,7 @@ def checkpoint_row(
     confidence: float,
     n_resamples: int,
     seed: int,
+    paper_name: str | None = None,
 ) -> dict[str, Any]:
     """One row of the recipe table: accuracy, pass@k, format-valid and parallel rates (with intervals), the
     ideal speedup of its traces and, for parallel checkpoints, the measured speedup."""
@@ -118,7 +112,7 @@ def checkpoint_row(
         speed["efficiency"] = speed["achieved_speedup"] / speed["ideal_speedup"]
     return {
         "checkpoint": name,
-        "paper_name": PAPER_NAME.get(name, name),
+        "paper_name": paper_name or name,
         "mode": ckpt_metrics["mode"],
         "n_problems": bench["n_problems"],
         "n_samples": bench["n_samples"],
@@ -138,6 +132,7 @@ def recipe_summary(
     eval_metrics: Mapping[str, Any],
     records: Mapping[str, Mapping[str, Sequence[Mapping[str, Any]]]],
     benchmark: str,
+    recipe: Recipe,
     confidence: float = 0.95,
     n_resamples: int = 2000,
     seed: int = 0,
@@ -148,21 +143,27 @@ def recipe_summary(
     checkpoints are not both in the run are left out. Raises ValueError when the two sides of a claim were
     measured on different problems (a paired difference needs the same ones).
     """
-    present = recipe_order(n for n in eval_metrics["checkpoints"] if benchmark in records.get(n, {}))
+    present = recipe.order(n for n in eval_metrics["checkpoints"] if benchmark in records.get(n, {}))
     rows = [
         checkpoint_row(
-            n, records[n][benchmark], eval_metrics["checkpoints"][n], confidence, n_resamples, seed
+            n,
+            records[n][benchmark],
+            eval_metrics["checkpoints"][n],
+            confidence,
+            n_resamples,
+            seed,
+            recipe.paper_name(n),
         )
         for n in present
     ]
     claims = []
-    for claim in CLAIMS:
+    for claim in recipe.claims:
         if claim.a not in present or claim.b not in present:
             continue
         a = _per_problem(records[claim.a][benchmark], "correct")
         b = _per_problem(records[claim.b][benchmark], "correct")
         if set(a) != set(b):
-            raise ValueError(f"{claim.text}: the two checkpoints were evaluated on different problems")
+            raise ValueError(f"{recipe.claim_text(claim)}: the two checkpoints were evaluated on different problems")
         ids = sorted(a)
         diff, lo, hi = paired_bootstrap_difference(
             [a[i] for i in ids], [b[i] for i in ids], confidence, n_resamples, seed
@@ -170,7 +171,7 @@ def recipe_summary(
         holds = diff >= 0 if claim.relation == "ge" else diff > 0
         claims.append(
             {
-                "claim": claim.text,
+                "claim": recipe.claim_text(claim),
                 "a": claim.a,
                 "b": claim.b,
                 "relation": claim.relation,
@@ -181,13 +182,14 @@ def recipe_summary(
             }
         )
     targets = []
-    npr = next((r for r in rows if r["checkpoint"] == NPR), None)
-    if npr is not None:
-        targets.append(_target("NPR parallel rate", npr["parallel_rate"], PARALLEL_RATE_TARGET))
-        targets.append(_target("NPR ideal speedup", npr["ideal_speedup"], IDEAL_SPEEDUP_TARGET))
-        if npr["speedup_efficiency"] is not None:
-            eff = npr["speedup_efficiency"]
-            targets.append(_target("NPR achieved / ideal speedup", (eff, None, None), EFFICIENCY_TARGET))
+    subject = next((r for r in rows if r["checkpoint"] == recipe.subject), None)
+    if subject is not None:
+        name = subject["paper_name"]
+        targets.append(_target(f"{name} parallel rate", subject["parallel_rate"], PARALLEL_RATE_TARGET))
+        targets.append(_target(f"{name} ideal speedup", subject["ideal_speedup"], IDEAL_SPEEDUP_TARGET))
+        if subject["speedup_efficiency"] is not None:
+            eff = subject["speedup_efficiency"]
+            targets.append(_target(f"{name} achieved / ideal speedup", (eff, None, None), EFFICIENCY_TARGET))
     return {
         "benchmark": benchmark,
         "confidence": confidence,

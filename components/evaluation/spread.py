@@ -22,7 +22,7 @@ from typing import Any, Literal
 from pydantic import ValidationError, model_validator
 
 from components.errors import UserError
-from components.evaluation.recipe import PAPER_NAME, recipe_order
+from components.evaluation.recipe import Recipe
 from components.settings import StrictModel
 
 MetricName = Literal["accuracy", "format_valid_rate", "parallel_rate", "ideal_speedup", "achieved_speedup"]
@@ -156,10 +156,13 @@ def _shape(eval_metrics: Mapping[str, Any], benchmark: str, source: str) -> tupl
 
 
 def aggregate(
-    runs_metrics: Sequence[Mapping[str, Any]], benchmark: str, runs: Sequence[SpreadRun] | None = None
+    runs_metrics: Sequence[Mapping[str, Any]],
+    benchmark: str,
+    recipe: Recipe,
+    runs: Sequence[SpreadRun] | None = None,
 ) -> SeedSpread:
-    """The spread over runs of one recipe: per checkpoint (recipe order) and metric, each run's value, the
-    mean and max - min. ``runs`` describes each run (default: ``run 0``, ``run 1``, ...).
+    """The spread over runs of one recipe: per checkpoint (``recipe``'s order and names) and metric, each
+    run's value, the mean and max - min. ``runs`` describes each run (default: ``run 0``, ``run 1``, ...).
 
     Raises SeedSpreadError when the runs are not measurements of the same thing: a run without the benchmark,
     another number of problems or samples, other sampling settings (a spread would then hold more than
@@ -183,10 +186,10 @@ def aggregate(
                 "a seed spread compares trainings evaluated the same way"
             )
     values = [run_values(m, benchmark) for m in runs_metrics]
-    names = recipe_order(name for v in values for name in v)
+    names = recipe.order(name for v in values for name in v)
     checkpoints = {
         name: CheckpointSpread(
-            paper_name=PAPER_NAME.get(name, name),
+            paper_name=recipe.paper_name(name),
             metrics={
                 metric: metric_spread([v.get(name, {}).get(metric) for v in values])
                 for metric, _ in SPREAD_METRICS

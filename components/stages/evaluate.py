@@ -17,7 +17,7 @@ from components.config import PipelineConfig
 from components.dag import StageIO
 from components.evaluation.outputs import EvalOutputs, evaluate_into
 from components.evaluation.plots import ACCURACY_PNG, SPEEDUP_PNG
-from components.evaluation.recipe import recipe_summary
+from components.evaluation.recipe import Recipe, recipe_summary
 from components.evaluation.report import publish_wandb, read_scale_note
 from components.evaluation.runner import EvalResult, checkpoint_spec
 from components.evaluation.spread import committed_spread, read_committed_spread, spread_path
@@ -54,7 +54,12 @@ def run(cfg: PipelineConfig, io: StageIO) -> dict[str, Any]:
         bench = ecfg.recipe_benchmark_name()
         if bench is not None:  # the paper's comparison with its uncertainty, in the report and metrics.json
             recipe = recipe_summary(
-                result.metrics, result.records, bench, ecfg.recipe_confidence, ecfg.recipe_resamples
+                result.metrics,
+                result.records,
+                bench,
+                Recipe.of(ecfg),
+                ecfg.recipe_confidence,
+                ecfg.recipe_resamples,
             )
             if recipe["rows"]:  # the committed seed spread beside it, or the report says there is none
                 first = recipe["rows"][0]

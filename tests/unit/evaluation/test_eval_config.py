@@ -52,10 +52,21 @@ def test_checkpoint_keys_name_a_checkpoint_or_a_model_stage(in_repo: Path) -> No
         load_config(profile="tiny", overrides=[*narrowed, typo])
     with pytest.raises(ConfigError, match=r"evaluate.speedup.checkpoints \['papo_r'\]"):
         load_config(profile="tiny", overrides=[*narrowed, "evaluate.speedup.checkpoints=[papo_r]"])
+    with pytest.raises(ConfigError, match=r"evaluate.recipe_names \['sr_lr'\]"):
+        load_config(profile="tiny", overrides=[*narrowed, "evaluate.recipe_names={sr_lr: SR}", "evaluate.recipe_claims=[]", "evaluate.recipe_subject=null"])
     # A model stage left out of a narrowed run is fine: the override applies when it is evaluated.
     cfg = load_config(profile="tiny", overrides=[*narrowed, left_out])
     assert cfg.evaluate.prompt_style_for("seed") == "parallel"
     assert cfg.evaluate.prompt_style_for("sr_rl") == "sequential"
+
+
+def test_recipe_claims_and_subject_name_checkpoints_the_recipe_names() -> None:
+    with pytest.raises(ValidationError, match=r"recipe_claims and recipe_subject name \['sr_rl'\]"):
+        EvaluateConfig(recipe_names={"papo_rl": "NPR"}, recipe_claims=[{"a": "papo_rl", "b": "sr_rl", "relation": "ge"}])
+    with pytest.raises(ValidationError, match=r"name \['npr'\]"):
+        EvaluateConfig(recipe_names={"papo_rl": "NPR"}, recipe_claims=[], recipe_subject="npr")
+    lone = EvaluateConfig(recipe_names={"papo_rl": "NPR"}, recipe_claims=[], recipe_subject=None)
+    assert lone.recipe_subject is None
 
 
 def test_speedup_decode_covers_the_named_parallel_checkpoints() -> None:

@@ -8,7 +8,11 @@ from typing import Any
 import pytest
 
 from components.evaluation.bounds import bootstrap_ratio_interval, paired_bootstrap_difference
-from components.evaluation.recipe import RECIPE_ORDER, checkpoint_row, recipe_markdown, recipe_summary
+from components.evaluation.config import EvaluateConfig
+from components.evaluation.recipe import Recipe, checkpoint_row, recipe_markdown, recipe_summary
+
+# the paper's comparison as the evaluate section states it by default (every profile's)
+RECIPE = Recipe.of(EvaluateConfig())
 
 A = [1, 0.5, 1, 0, 1, 0.5, 1, 1, 0, 1]
 B = [0.5, 0.5, 0, 0, 1, 0, 1, 0.5, 0, 0.5]
@@ -96,8 +100,10 @@ def test_recipe_summary_orders_rows_and_measures_every_claim():
         for i, (n, p) in enumerate(accuracy.items())
     }
     flat = {n: r["tiny_test"] for n, r in records.items()}
-    summary = recipe_summary(_metrics(flat), records, "tiny_test", n_resamples=500)
-    assert [r["checkpoint"] for r in summary["rows"]] == [n for n, _ in RECIPE_ORDER]
+    summary = recipe_summary(_metrics(flat), records, "tiny_test", RECIPE, n_resamples=500)
+    assert [r["checkpoint"] for r in summary["rows"]] == [
+        "seed", "npr_zero", "parallel_warmup", "sequential_warmup", "papo_rl", "sr_rl", "pr1_coldstart", "pr1_rl"
+    ]  # fmt: skip
     npr = next(r for r in summary["rows"] if r["paper_name"] == "NPR")
     assert npr["parallel_rate"][0] == 1.0 and npr["ideal_speedup"][0] == pytest.approx(150 / 70)
     claims = {c["claim"]: c for c in summary["claims"]}
@@ -137,9 +143,9 @@ def test_claims_need_the_same_problems_and_skip_missing_checkpoints():
     }
     flat = {n: r["tiny_test"] for n, r in records.items()}
     with pytest.raises(ValueError, match="different problems"):
-        recipe_summary(_metrics(flat), records, "tiny_test", n_resamples=100)
+        recipe_summary(_metrics(flat), records, "tiny_test", RECIPE, n_resamples=100)
     records["seed"]["tiny_test"] = _records("seed", 10, 0.5, False, 1)
-    summary = recipe_summary(_metrics(flat), records, "tiny_test", n_resamples=100)
+    summary = recipe_summary(_metrics(flat), records, "tiny_test", RECIPE, n_resamples=100)
     assert [c["claim"] for c in summary["claims"]] == ["NPR ≥ seed (instruct)"]
 
 

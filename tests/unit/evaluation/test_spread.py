@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from components.evaluation.recipe import recipe_markdown
+from components.evaluation.config import EvaluateConfig
+from components.evaluation.recipe import Recipe, recipe_markdown
 from components.evaluation.report import render_report
 from components.evaluation.spread import (
     SeedSpreadError,
@@ -22,6 +23,8 @@ from components.evaluation.spread import (
     spread_path,
     write_seed_spread,
 )
+
+RECIPE = Recipe.of(EvaluateConfig())  # the paper's comparison as every profile states it
 
 SAMPLING = {"temperature": 1.0, "top_p": 1.0, "seed": 0}
 
@@ -70,7 +73,7 @@ def _three() -> list[dict[str, Any]]:
 
 def test_aggregate_pins_each_value_mean_and_spread_in_recipe_order() -> None:
     runs = [SpreadRun(source=f"w/seed-{i}", offset=i, make_run_minutes=20.0 + i) for i in range(3)]
-    spread = aggregate(_three(), "tiny_test", runs)
+    spread = aggregate(_three(), "tiny_test", RECIPE, runs)
     assert list(spread.checkpoints) == ["seed", "papo_rl", "sr_rl"]  # the recipe table's order
     assert (spread.benchmark, spread.n_problems, spread.n_samples) == ("tiny_test", 200, 2)
     npr = spread.checkpoints["papo_rl"]
@@ -94,7 +97,7 @@ def test_aggregate_pins_each_value_mean_and_spread_in_recipe_order() -> None:
 
 def test_markdown_lists_every_run_and_metric() -> None:
     runs = [SpreadRun(source=f"w/seed-{i}", offset=i, make_run_minutes=20.0 + i) for i in range(3)]
-    md = spread_markdown(aggregate(_three(), "tiny_test", runs))
+    md = spread_markdown(aggregate(_three(), "tiny_test", RECIPE, runs))
     assert "| NPR | papo_rl | 40.5 | 46.0 | 43.0 | 43.2 | 5.5 |" in md
     assert "| NPR | papo_rl | 2.08 | 1.90 | 2.00 | 1.99 | 0.18 |" in md
     assert "| SR | sr_rl | 45.0 | – | 52.0 | 48.5 | 7.0 |" in md
@@ -107,25 +110,25 @@ def test_runs_that_measured_different_things_are_refused() -> None:
     other_size = _three()
     other_size[1]["checkpoints"]["papo_rl"]["benchmarks"]["tiny_test"]["n_samples"] = 4
     with pytest.raises(SeedSpreadError, match="different sizes"):
-        aggregate(other_size, "tiny_test")
+        aggregate(other_size, "tiny_test", RECIPE)
     smaller = _three()
     for ckpt in smaller[2]["checkpoints"].values():
         ckpt["benchmarks"]["tiny_test"]["n_problems"] = 100
     with pytest.raises(SeedSpreadError, match=r"run 2: 100 x 2"):
-        aggregate(smaller, "tiny_test")
+        aggregate(smaller, "tiny_test", RECIPE)
     resampled = _three()
     resampled[1]["settings"]["sampling"]["seed"] = 1
     with pytest.raises(SeedSpreadError, match="run 1: evaluation sampling"):
-        aggregate(resampled, "tiny_test")
+        aggregate(resampled, "tiny_test", RECIPE)
     with pytest.raises(SeedSpreadError, match="no checkpoint was evaluated on 'math500'"):
-        aggregate(_three(), "math500")
+        aggregate(_three(), "math500", RECIPE)
     with pytest.raises(SeedSpreadError, match="no runs"):
-        aggregate([], "tiny_test")
+        aggregate([], "tiny_test", RECIPE)
 
 
 def test_file_round_trips_and_a_malformed_one_names_itself(tmp_path: Path) -> None:
     path = tmp_path / "spread.json"
-    spread = aggregate(_three(), "tiny_test")
+    spread = aggregate(_three(), "tiny_test", RECIPE)
     write_seed_spread(spread, path)
     assert load_seed_spread(path) == spread
     data = json.loads(path.read_text())
@@ -145,7 +148,7 @@ def test_committed_spread_states(tmp_path: Path) -> None:
     path = tmp_path / "spread.json"
     assert _committed(None) == {"file": None, "state": "unset"}
     assert _committed(str(path)) == {"file": str(path), "state": "absent"}
-    write_seed_spread(aggregate(_three(), "tiny_test"), path)
+    write_seed_spread(aggregate(_three(), "tiny_test", RECIPE), path)
     shown = _committed(str(path))
     assert shown["state"] == "shown" and shown["spread"]["benchmark"] == "tiny_test"
     other = _committed(str(path), 200, 4)
@@ -183,7 +186,7 @@ def _summary(committed: dict[str, Any] | None) -> dict[str, Any]:
 def test_report_sets_the_committed_spread_beside_each_avg(tmp_path: Path, make_eval: Any) -> None:
     path = tmp_path / "spread.json"
     runs = [_run(0.475, 0.405, 2.08, sr_acc=None), _run(0.475, 0.46, 1.9, sr_acc=None)]
-    write_seed_spread(aggregate(runs, "tiny_test"), path)
+    write_seed_spread(aggregate(runs, "tiny_test", RECIPE), path)
     md = recipe_markdown(_summary(_committed(str(path)))).splitlines()
     assert md[2].startswith("| checkpoint | stage | mode | avg@2 | avg@2, 2 seeds: mean (spread) | pass@2 |")
     assert md[3].count("|") == md[2].count("|")
@@ -211,7 +214,7 @@ def test_report_says_when_no_spread_is_committed(tmp_path: Path) -> None:
     absent = recipe_markdown(_summary(_committed(str(missing))))
     assert f"No seed spread is committed (`{missing}` does not exist)" in absent
     path = tmp_path / "spread.json"
-    write_seed_spread(aggregate(_three(), "tiny_test"), path)
+    write_seed_spread(aggregate(_three(), "tiny_test", RECIPE), path)
     other = recipe_markdown(_summary(_committed(str(path), 100, 2)))
     assert "does not match this run: it was measured on tiny_test (200 problems x 2 samples)" in other
     assert "mean (spread)" not in other
@@ -219,10 +222,10 @@ def test_report_says_when_no_spread_is_committed(tmp_path: Path) -> None:
 
 def test_a_run_description_per_run() -> None:
     with pytest.raises(ValueError, match="2 run descriptions for 3 runs"):
-        aggregate(_three(), "tiny_test", [SpreadRun(source="a"), SpreadRun(source="b")])
+        aggregate(_three(), "tiny_test", RECIPE, [SpreadRun(source="a"), SpreadRun(source="b")])
     inputs = _three()
     before = copy.deepcopy(inputs)
-    aggregate(inputs, "tiny_test")
+    aggregate(inputs, "tiny_test", RECIPE)
     assert inputs == before  # a pure function of its inputs
 
 
@@ -249,11 +252,11 @@ def test_the_stage_refuses_a_malformed_file_before_it_decodes(
 # ------------------------------------------------------------------ one spread per precision (issue 43)
 def test_a_spread_is_of_one_training_precision(tmp_path: Path) -> None:
     bf16 = [SpreadRun(source=f"run {i}", precision="bfloat16") for i in range(3)]
-    spread = aggregate(_three(), "tiny_test", bf16)
+    spread = aggregate(_three(), "tiny_test", RECIPE, bf16)
     assert spread.precision == "bfloat16"
     mixed = [*bf16[:2], SpreadRun(source="run 2", precision="float32")]
     with pytest.raises(SeedSpreadError, match="run 2: float32"):
-        aggregate(_three(), "tiny_test", mixed)
+        aggregate(_three(), "tiny_test", RECIPE, mixed)
     path = tmp_path / "tiny-bfloat16.json"
     write_seed_spread(spread, path)
     read = read_committed_spread(str(path))
