@@ -11,6 +11,7 @@ One package, one job per module:
 
 Nothing in verl is edited: every plugin goes through one of verl's registries or extension points.
 
-Imports here stay lazy: ``components.training.rl`` reaches this package only when a stage's backend is
-verl, so the local trainer never imports verl's trainer stack.
+The package is entered lazily: ``components.training.rl`` (when a stage's backend is verl), ``npr verl
+launch`` and ``npr config check`` import it inside the function that needs it, so the local trainer never
+imports verl's trainer stack. Inside it, ``launch`` imports verl, Hydra and transformers at module top.
 """
