@@ -57,8 +57,11 @@ run: install
 lint: install
 	$(BIN)/ruff check components flows tests benchmarks
 
+# Two workers by default (pytest-xdist; each test file stays on one worker, so a module's fixtures are built
+# once): most tests use one core, and on CI's 2 cores one worker left the other idle (80 min serial).
+TEST_WORKERS ?= 2
 test: lint
-	$(BIN)/pytest -q -p no:cacheprovider --timeout=1500 --durations=30 tests
+	$(BIN)/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --timeout=1500 --durations=30 tests
 
 bench: install
 	for f in benchmarks/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
