@@ -49,6 +49,9 @@ class BenchmarkSpec:
     hub: HubSource | None = None
     # Builds (problem, answers) from a raw row; None = read problem_field and answer_field directly.
     formatter: Callable[[Record], tuple[str, list[str]]] | None = None
+    # The whole benchmark's number of problems (shared/data/MANIFEST.md's counts), which a full evaluation
+    # checks the file against; None = not pinned (no check).
+    size: int | None = None
 
 
 def normalise_answers(value: Any) -> list[str]:
@@ -90,8 +93,9 @@ BENCHMARKS: dict[str, BenchmarkSpec] = {
             "answer",
             None,  # problem_number repeats across AIME I and II: the row index is the id
             HubSource("HuggingFaceH4/aime_2024", "train"),
+            size=30,
         ),
-        BenchmarkSpec("aime25", "npr/AIME25/aime25.json", "question", "answer"),
+        BenchmarkSpec("aime25", "npr/AIME25/aime25.json", "question", "answer", size=30),
         BenchmarkSpec(
             "hmmt25",
             "npr/HMMT_Feb_2025/hmmt_feb_2025.json",
@@ -99,10 +103,11 @@ BENCHMARKS: dict[str, BenchmarkSpec] = {
             "answer",
             "problem_idx",
             HubSource("MathArena/hmmt_feb_2025", "train"),
+            size=30,
         ),
-        BenchmarkSpec("amc23", "npr/AMC23/amc23.json", "question", "answer", "id"),
-        BenchmarkSpec("olympiadbench", "rllm_deepscaler/olympiad_bench.json", "problem", "answer", "id"),
-        BenchmarkSpec("minerva", "rllm_deepscaler/minerva.json", "problem", "answer", "idx"),
+        BenchmarkSpec("amc23", "npr/AMC23/amc23.json", "question", "answer", "id", size=40),
+        BenchmarkSpec("olympiadbench", "rllm_deepscaler/olympiad_bench.json", "problem", "answer", "id", size=675),
+        BenchmarkSpec("minerva", "rllm_deepscaler/minerva.json", "problem", "answer", "idx", size=272),
         BenchmarkSpec(
             "math500",
             "npr/MATH500/math500.json",
@@ -110,6 +115,7 @@ BENCHMARKS: dict[str, BenchmarkSpec] = {
             "answer",
             "unique_id",
             HubSource("HuggingFaceH4/MATH-500", "test"),
+            size=500,
         ),
         BenchmarkSpec(
             "zebralogic",
@@ -119,6 +125,7 @@ BENCHMARKS: dict[str, BenchmarkSpec] = {
             "id",
             HubSource("WildEval/ZebraLogic", "test", config="mc_mode"),
             formatter=zebralogic_prompt,
+            # not pinned: its count (the hub's mc_mode test split) is not verified here
         ),
     )
 }
@@ -238,8 +245,13 @@ def load_benchmark(
     benchmark_dir: Path | str,
     max_problems: int | None = None,
     problems_dir: Path | str | None = None,
+    full: bool = False,
 ) -> list[Record]:
     """The first ``max_problems`` problems of benchmark ``name`` (all when None), in file order.
+
+    ``full``: the evaluation reports the whole benchmark (not a smoke sample), so a file that does not hold
+    the benchmark's pinned number of problems (``BenchmarkSpec.size``: the committed ``data/`` is a
+    few-problem smoke set) is refused with a BenchmarkError saying what to do, whatever ``max_problems``.
 
     ``benchmark_dir`` is the local benchmarks directory (``data/benchmarks``); ``problems_dir`` is the
     `sample_orz` problems directory, needed only for ``tiny_test`` (its test split) and ``tiny_val`` (its
@@ -271,6 +283,13 @@ def load_benchmark(
         where = "" if spec.hub is None else f" and the hub copy {spec.hub.repo_id} is unreachable (offline)"
         raise FileNotFoundError(
             f"benchmark {name}: {path} does not exist{where}; run `npr data fetch [--from DIR]`"
+        )
+    if full and spec.size is not None and len(rows) != spec.size:
+        raise BenchmarkError(
+            f"benchmark {name}: {path if path.exists() else spec.hub.repo_id if spec.hub else path} holds "
+            f"{len(rows)} problems, the whole benchmark has {spec.size}. The committed data/ is a smoke set: "
+            "fetch the full files (`npr data fetch --from DIR`), or mark the benchmark `smoke: true` in "
+            "evaluate.benchmarks (reported apart, never as the benchmark's score)"
         )
     if max_problems is not None:
         rows = rows[:max_problems]

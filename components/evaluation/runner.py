@@ -188,7 +188,7 @@ def load_benchmark_problems(
     spec: BenchmarkSpec, ecfg: EvaluateConfig, problems_dir: Path | None
 ) -> list[dict[str, Any]]:
     """Problems ``{id, benchmark, problem, answers}`` of a benchmark (``components.data.benchmarks``)."""
-    problems = load_benchmark(spec.name, ecfg.benchmark_dir, spec.max_problems, problems_dir)
+    problems = load_benchmark(spec.name, ecfg.benchmark_dir, spec.max_problems, problems_dir, full=not spec.smoke)
     if not problems:
         raise ValueError(f"benchmark {spec.name!r} has no problems")
     return problems

@@ -164,3 +164,15 @@ def test_a_repeated_speedup_decode_samples_the_same_tokens(mode):
         os.chdir(cwd)
     assert [g.token_ids for g in first] == [g.token_ids for g in again]
     assert sum(g.total_tokens for g in first) > 0
+
+
+def test_a_benchmark_not_marked_smoke_must_be_the_whole_benchmark() -> None:
+    from components.data.benchmarks import BenchmarkError
+    from components.data.fetch import SMOKE_DIR
+    from components.evaluation.config import BenchmarkSpec, EvaluateConfig
+
+    ecfg = EvaluateConfig(benchmark_dir=str(SMOKE_DIR))
+    with pytest.raises(BenchmarkError, match="the whole benchmark has 30"):
+        runner.load_benchmark_problems(BenchmarkSpec(name="aime24", n_samples=1, k=1), ecfg, None)
+    smoke = BenchmarkSpec(name="aime24", n_samples=1, k=1, max_problems=3, smoke=True)
+    assert len(runner.load_benchmark_problems(smoke, ecfg, None)) == 3
