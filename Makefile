@@ -57,11 +57,13 @@ run: install
 lint: install
 	$(BIN)/ruff check components flows tests benchmarks
 
-# Two workers by default (pytest-xdist; each test file stays on one worker, so a module's fixtures are built
-# once): most tests use one core, and on CI's 2 cores one worker left the other idle (80 min serial).
-TEST_WORKERS ?= 2
+# TEST_WORKERS=2 runs the suite on two pytest-xdist workers (--dist loadgroup: a test file stays on one
+# worker; the files that start Ray clusters share one, tests/conftest.py). Serial (0) stays the default until
+# a two-worker run passes whole: one ran the non-Ray tests in ~25 min, but its e2e failed beside the verl
+# tests (cause not found) and two Ray clusters at once failed three verl tests (docs/results.md).
+TEST_WORKERS ?= 0
 test: lint
-	$(BIN)/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --timeout=1500 --durations=30 tests
+	$(BIN)/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --timeout=1500 --durations=30 tests
 
 bench: install
 	for f in benchmarks/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done

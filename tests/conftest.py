@@ -53,3 +53,15 @@ def shared_data() -> Path:
 def in_repo(monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.chdir(REPO)
     return REPO
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`make test` runs on two pytest-xdist workers with ``--dist loadgroup``: a test file is a group of its
+    own (its module fixtures are built once, on one worker), and the files marked ``xdist_group("ray")``
+    (they start Ray clusters: verl's main_ppo, the replay buffer's TransferQueue, the verl benchmark) share
+    one group, so two Ray clusters never run at once on CI's two cores (a run that let them hit load 16).
+    Runs before xdist's own hook, which reads the group."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))

@@ -44,7 +44,8 @@ from components.artifacts import write_shards
 from components.config import dump_yaml, load_config
 from components.data import synthetic
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+# xdist_group("ray"): the test files that start Ray clusters run on one worker (tests/conftest.py)
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("ray")]
 
 ROOT = Path(__file__).resolve().parents[3]
 BENCHMARKS = ROOT / "benchmarks"

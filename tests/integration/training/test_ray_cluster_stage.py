@@ -17,7 +17,8 @@ import pytest
 from components.config import load_config
 from components.training.verl import ray_cluster
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+# xdist_group("ray"): the test files that start Ray clusters run on one worker (tests/conftest.py)
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("ray")]
 ROOT = Path(__file__).resolve().parents[3]
 
 # The stage's command: refuses to run anywhere but inside the submitted job (and never during a restore),

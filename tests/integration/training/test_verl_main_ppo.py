@@ -41,7 +41,8 @@ from components.models.loading import load_model, save_model
 from components.models.tags import add_tag_tokens
 from components.training.verl.report import verl_steps
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+# xdist_group("ray"): the test files that start Ray clusters run on one worker (tests/conftest.py)
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("ray")]
 
 REPO = Path(__file__).resolve().parents[3]
 SEED_MODEL = REPO / "models" / "tiny-instruct"

@@ -21,7 +21,8 @@ from components.models.loading import save_model
 from components.models.tiny import tiny_test_world
 from components.training.verl.stage import run_verl_stage
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+# xdist_group("ray"): the test files that start Ray clusters run on one worker (tests/conftest.py)
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("ray")]
 ROOT = Path(__file__).resolve().parents[3]
 
 

@@ -14,7 +14,8 @@ import ray
 import torch
 from omegaconf import OmegaConf
 
-pytestmark = [pytest.mark.integration]
+# xdist_group("ray"): the test files that start Ray clusters run on one worker (tests/conftest.py)
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("ray")]
 
 tq = pytest.importorskip("transfer_queue")
 
