@@ -60,7 +60,7 @@ lint: install
 # TEST_WORKERS=2 runs the suite on two pytest-xdist workers (--dist loadgroup: a test file stays on one
 # worker; the files that start Ray clusters share one, tests/conftest.py). Serial (0) stays the default until
 # a two-worker run passes whole: one ran the non-Ray tests in ~25 min, but its e2e failed beside the verl
-# tests (cause not found) and two Ray clusters at once failed three verl tests (docs/results.md).
+# tests (cause not found) and two Ray clusters at once failed two verl tests (docs/results.md).
 TEST_WORKERS ?= 0
 test: lint
 	$(BIN)/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --timeout=1500 --durations=30 tests
