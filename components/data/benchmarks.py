@@ -276,9 +276,9 @@ def load_benchmark(
     spec = BENCHMARKS[name]
     path = Path(benchmark_dir) / spec.relpath
     if path.exists():
-        rows = read_rows(path)
+        rows, source = read_rows(path), str(path)
     elif spec.hub is not None and not hub_offline():
-        rows = hub_rows(spec)
+        rows, source = hub_rows(spec), spec.hub.repo_id
     else:
         where = "" if spec.hub is None else f" and the hub copy {spec.hub.repo_id} is unreachable (offline)"
         raise FileNotFoundError(
@@ -286,7 +286,7 @@ def load_benchmark(
         )
     if full and spec.size is not None and len(rows) != spec.size:
         raise BenchmarkError(
-            f"benchmark {name}: {path if path.exists() else spec.hub.repo_id if spec.hub else path} holds "
+            f"benchmark {name}: {source} holds "
             f"{len(rows)} problems, the whole benchmark has {spec.size}. The committed data/ is a smoke set: "
             "fetch the full files (`npr data fetch --from DIR`), or mark the benchmark `smoke: true` in "
             "evaluate.benchmarks (reported apart, never as the benchmark's score)"
