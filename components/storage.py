@@ -60,6 +60,38 @@ def dvc_add(path: Path) -> None:
         raise UserError(f"dvc add {path} failed: {' '.join((proc.stderr or proc.stdout).split())}")
 
 
+# A remote's settings a gpu-pool job may receive as environment variables: where the store is, never who
+# may read it (keys, session tokens, credential files and profiles come from the pod's own secret).
+FORWARDED_REMOTE_OPTIONS = ("endpointurl", "region")
+REMOTE_ENV = "NPR_DVC_REMOTE"  # + _URL, and _<OPTION> for each forwarded option
+
+
+def remote_forwarding(storage: StorageConfig, root: Path | str | None = None) -> dict[str, str]:
+    """The pipeline's DVC remote as environment variables for a job on another machine.
+
+    ``npr storage init`` writes the user's bucket to ``.dvc/config.local``, which never leaves this
+    machine (git ignores it, the GPU image leaves it out): without these a gpu-pool pod would pull and push
+    through the committed default bucket. ``infra/gpu/checkout.sh`` writes them into the job's checkout.
+    The URL is the one DVC resolves here (config.local over .dvc/config); a local remote's relative path is
+    made absolute, which only another process on this machine can use.
+    """
+    from dvc.repo import Repo  # lazy: dvc
+
+    root = Path(root or ".")
+    with Repo(str(root), _wait_for_lock=True) as repo:
+        conf = repo.config["remote"].get(storage.remote)
+    if conf is None:
+        raise StorageError(f"DVC remote {storage.remote!r} is not configured in {root / '.dvc/config'}")
+    url = str(conf["url"])
+    if "://" not in url and not os.path.isabs(url):
+        url = str((root / ".dvc" / url).resolve())
+    env = {REMOTE_ENV: storage.remote, f"{REMOTE_ENV}_URL": url}
+    for option in FORWARDED_REMOTE_OPTIONS:
+        if conf.get(option):
+            env[f"{REMOTE_ENV}_{option.upper()}"] = str(conf[option])
+    return env
+
+
 STATE_FILE = Path(".dvc/tmp/npr-unpushed.json")
 T = TypeVar("T")
 

@@ -158,8 +158,13 @@ def gpu_stage_parameters(stage: str, profile: str) -> dict[str, Any]:
 def gpu_job_variables(stage: str, cfg: PipelineConfig, pipeline_run_id: str) -> dict[str, Any]:
     """The gpu pool job of a stage: as many GPUs as its own settings use (``memory.gpus_for``: 0 for a
     verl stage on a running Ray cluster, 1 for the torch-engine evaluate), and the commit this pipeline
-    runs, which the worker checks out before running the stage (infra/gpu/checkout.sh)."""
-    env = {"NPR_PIPELINE_RUN_ID": pipeline_run_id, **launching_commit()}
+    runs, which the worker checks out before running the stage (infra/gpu/checkout.sh), with the DVC
+    remote this checkout resolves (the user's bucket lives in .dvc/config.local, which stays here)."""
+    env = {
+        "NPR_PIPELINE_RUN_ID": pipeline_run_id,
+        **launching_commit(),
+        **storage.remote_forwarding(cfg.storage),
+    }
     return {"env": env, "gpu_count": gpus_for(stage, cfg)}
 
 

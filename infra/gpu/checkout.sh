@@ -6,6 +6,11 @@
 # worker's own checkout). Prints the directory to run in on stdout (its only stdout line); git's output
 # goes to stderr. The flow then runs there, and flows/stage.py puts that directory first on PYTHONPATH,
 # so `npr stage` imports this commit's code.
+#
+# The DVC remote: the launching machine's user bucket is in its .dvc/config.local, which never reaches the
+# image. The flow sends the remote it resolves as NPR_DVC_REMOTE (name), NPR_DVC_REMOTE_URL and
+# NPR_DVC_REMOTE_ENDPOINTURL / _REGION (components/storage.py, remote_forwarding; never credentials: those
+# come from the pod's secret), and they are written to the run directory's .dvc/config.local here.
 set -euo pipefail
 
 repo="${NPR_REPO_DIR:-/opt/npr}"
@@ -13,14 +18,33 @@ commit="${NPR_GIT_COMMIT:-}"
 remote="${NPR_GIT_REMOTE:-}"
 root="${NPR_CHECKOUT_ROOT:-${TMPDIR:-/tmp}/npr-checkouts}"
 
+# The launching machine's DVC remote, as this job's default remote in the directory it runs in ($1).
+use_forwarded_remote() {
+  local dir="$1" name="${NPR_DVC_REMOTE:-}" dvc
+  [ -n "${NPR_DVC_REMOTE_URL:-}" ] || return 0
+  if [ -z "$name" ]; then
+    echo "checkout: NPR_DVC_REMOTE_URL is set without NPR_DVC_REMOTE (the remote's name)" >&2
+    exit 2
+  fi
+  dvc="$(command -v dvc || echo "$repo/.venv/bin/dvc")"
+  (cd "$dir" && "$dvc" remote add --local --force --default "$name" "$NPR_DVC_REMOTE_URL") >&2
+  for option in endpointurl region; do
+    local var="NPR_DVC_REMOTE_${option^^}"
+    if [ -n "${!var:-}" ]; then (cd "$dir" && "$dvc" remote modify --local "$name" "$option" "${!var}") >&2; fi
+  done
+  echo "checkout: DVC remote $name = $NPR_DVC_REMOTE_URL (from the launching machine)" >&2
+}
+
 if [ -z "$commit" ]; then
   echo "checkout: no NPR_GIT_COMMIT given; running the code in $repo" >&2
+  use_forwarded_remote "$repo"
   echo "$repo"
   exit 0
 fi
 if [ "$(git -C "$repo" rev-parse HEAD 2>/dev/null || true)" = "$commit" ] \
   && [ -z "$(git -C "$repo" status --porcelain --untracked-files=no -- . ':!params.yaml' ':!dvc.lock' 2>/dev/null || echo dirty)" ]; then
   echo "checkout: $repo is at $commit" >&2
+  use_forwarded_remote "$repo"
   echo "$repo"
   exit 0
 fi
@@ -39,5 +63,6 @@ if [ ! -d "$dest/.git" ]; then
   if [ -f "$repo/.dvc/config.local" ]; then cp "$repo/.dvc/config.local" "$tmp/.dvc/config.local"; fi
   mv "$tmp" "$dest" 2>/dev/null || rm -rf "$tmp"  # a concurrent job may have made it first
 fi
+use_forwarded_remote "$dest"
 echo "checkout: running commit $commit in $dest" >&2
 echo "$dest"

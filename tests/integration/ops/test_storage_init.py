@@ -4,6 +4,8 @@ in .dvc/config.local, a probe object; then a plain `dvc push` lands under the pr
 from __future__ import annotations
 
 import configparser
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -82,3 +84,57 @@ def test_bad_input_is_one_line_and_exit_2(repo: Path, args: list[str], needles: 
         not (repo / ".dvc" / "config.local").exists()
         or "missing-bucket" not in (repo / ".dvc" / "config.local").read_text()
     )
+
+
+CHECKOUT_SH = Path(__file__).resolve().parents[3] / "infra" / "gpu" / "checkout.sh"
+
+
+def test_a_gpu_pool_job_uses_the_bucket_storage_init_configured(repo: Path, tmp_path: Path) -> None:
+    """The user's bucket lives in .dvc/config.local, which no pod's checkout has (git ignores it, the image
+    leaves it out): the flow forwards the remote it resolves and checkout.sh writes it where the job runs,
+    so the job's push lands in the user's bucket, not the committed one."""
+    from components.ops.config import StorageConfig
+    from components.storage import remote_forwarding
+
+    result = CliRunner().invoke(app, ["storage", "init", "s3://user-bucket/store"])
+    assert result.exit_code == 0, (result.output, result.exception)
+    (repo / ".dvc" / "config.local").write_text(
+        (repo / ".dvc" / "config.local").read_text() + "    access_key_id = never-forwarded\n"
+    )
+    run(["git", "add", "-A"], repo)
+    run(["git", "commit", "-qm", "project"], repo)
+    forwarded = remote_forwarding(StorageConfig(remote="s3"), repo)
+    assert forwarded == {"NPR_DVC_REMOTE": "s3", "NPR_DVC_REMOTE_URL": "s3://user-bucket/store"}
+    create_bucket("npr-pipeline-dvc")  # the committed default exists too: a pod using it would "work"
+
+    pod_repo = tmp_path / "pod-image"  # the image's copy: the commit, without config.local
+    run(["git", "clone", "-q", str(repo), str(pod_repo)], tmp_path)
+    assert not (pod_repo / ".dvc" / "config.local").exists()
+    env = {"NPR_REPO_DIR": str(pod_repo), "NPR_CHECKOUT_ROOT": str(tmp_path / "checkouts"), **forwarded}
+    workdir = Path(run(["bash", str(CHECKOUT_SH)], tmp_path, env=env).stdout.strip())
+    assert workdir == pod_repo
+    run([str(VENV_BIN / "dvc"), "repro", "-q"], workdir, env={"NPR_TEST_RUN_LOG": str(tmp_path / "runs.log")})
+    run([str(VENV_BIN / "dvc"), "push", "-q"], workdir)
+    assert list_keys("user-bucket") and list_keys("npr-pipeline-dvc") == []
+    assert "never-forwarded" not in (workdir / ".dvc" / "config.local").read_text()
+
+    # a job for a later commit gets its own checkout: the remote is written there too
+    (repo / "note.txt").write_text("later\n")
+    run(["git", "add", "-A"], repo)
+    run(["git", "commit", "-qm", "later"], repo)
+    later = run(["git", "rev-parse", "HEAD"], repo).stdout.strip()
+    env = {**env, "NPR_GIT_COMMIT": later, "NPR_GIT_REMOTE": str(repo)}
+    checkout = Path(run(["bash", str(CHECKOUT_SH)], tmp_path, env=env).stdout.strip())
+    assert checkout == tmp_path / "checkouts" / later
+    url = run([str(VENV_BIN / "dvc"), "config", "remote.s3.url"], checkout).stdout.strip()
+    default = run([str(VENV_BIN / "dvc"), "config", "core.remote"], checkout).stdout.strip()
+    assert (url, default) == ("s3://user-bucket/store", "s3")
+
+
+def test_a_forwarded_url_without_its_remote_name_is_refused(tmp_path: Path) -> None:
+    image = make_dvc_project(tmp_path / "image")
+    env = {"NPR_REPO_DIR": str(image), "NPR_DVC_REMOTE_URL": "s3://user-bucket/store"}
+    proc = subprocess.run(
+        ["bash", str(CHECKOUT_SH)], cwd=tmp_path, env={**os.environ, **env}, capture_output=True, text=True
+    )
+    assert proc.returncode == 2 and "without NPR_DVC_REMOTE" in proc.stderr

@@ -24,7 +24,13 @@ def test_each_gpu_stage_asks_for_the_gpus_its_settings_use(stage, gpus, in_repo,
     monkeypatch.setattr(pipeline, "launching_commit", lambda: {"NPR_GIT_COMMIT": "abc"})
     variables = pipeline.gpu_job_variables(stage, load_config(profile="qwen3-4b"), "run-1")
     assert variables["gpu_count"] == gpus
-    assert variables["env"] == {"NPR_PIPELINE_RUN_ID": "run-1", "NPR_GIT_COMMIT": "abc"}
+    env = variables["env"]
+    assert {k: env[k] for k in ("NPR_PIPELINE_RUN_ID", "NPR_GIT_COMMIT")} == {
+        "NPR_PIPELINE_RUN_ID": "run-1",
+        "NPR_GIT_COMMIT": "abc",
+    }
+    # the remote this checkout resolves travels with the job (the user's bucket is in config.local)
+    assert env["NPR_DVC_REMOTE"] == "s3" and env["NPR_DVC_REMOTE_URL"].startswith("s3://")
 
 
 def test_a_verl_stage_on_a_running_ray_cluster_asks_for_no_gpu(in_repo, monkeypatch):
