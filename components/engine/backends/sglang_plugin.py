@@ -20,6 +20,13 @@ When on, it registers three hooks (SGLang's ``HookRegistry``):
   ``custom_mask`` / ``mask_indptr`` (the layout speculative verification uses), the kernel called with
   ``skip_prefix_custom_mask=False`` for that batch.
 
+SGLang logs and swallows both a plugin's exceptions and a hook that failed to apply (a target renamed in
+a new release), so a server would silently serve ``reprefill`` semantics to requests that asked for
+``isolated``. ``register`` therefore wraps the registry's ``apply_hooks`` (which SGLang calls once, after
+every plugin registered) with a check that each of the three targets now runs this plugin's hook, and ends
+the process with ``SystemExit`` (which SGLang's ``except Exception`` does not catch) when one does not; the
+"ON" line is logged only after that check.
+
 The server needs ``--attention-backend triton --page-size 1 --disable-piecewise-cuda-graph`` and no
 speculative decoding (``components.ops.launch.with_isolated_merge`` adds them and the environment flag
 to a launched server's spec when ``generation.sglang_isolated_merge`` is on). EXPERIMENTAL until a GPU run
@@ -30,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import pkgutil
 from typing import Any
 
 import torch
@@ -162,15 +170,58 @@ HOOKS = (
 )
 
 
+VERIFIED_ATTR = "_npr_isolated_verified"  # marks the registry's apply_hooks once wrapped with the check
+
+
 def register() -> None:
     """Entry point of group ``sglang.srt.plugins``: registers ``HOOKS`` when ``NPR_SGLANG_ISOLATED_MERGE=1``,
-    and does nothing (imports no sglang) otherwise."""
+    and does nothing (imports no sglang) otherwise. The registry's ``apply_hooks`` then checks they applied."""
     if not iso.enabled():
         return
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType  # lazy: sglang
 
     for target, kind, hook in HOOKS:
         HookRegistry.register(target, hook, HookType[kind])
-    logger.warning(
-        "npr isolated merge plugin ON (EXPERIMENTAL): hooks on %s", ", ".join(t for t, _, _ in HOOKS)
-    )
+    _check_after_apply(HookRegistry)
+    logger.info("npr isolated merge plugin: hooks registered on %s", ", ".join(t for t, _, _ in HOOKS))
+
+
+def _check_after_apply(registry: Any) -> None:
+    apply_hooks = registry.apply_hooks
+    if getattr(apply_hooks, VERIFIED_ATTR, False):
+        return
+
+    def apply_then_check() -> None:
+        apply_hooks()
+        missing = [target for target, _, hook in HOOKS if not hook_applied(target, hook)]
+        if missing:
+            message = (
+                f"npr isolated merge plugin: the hook on {', '.join(missing)} did not apply (see SGLang's "
+                "'Failed to apply hooks' above); refusing to serve isolated requests as stock ones"
+            )
+            logger.critical(message)
+            raise SystemExit(message)
+        logger.warning(
+            "npr isolated merge plugin ON (EXPERIMENTAL): hooks applied on %s",
+            ", ".join(t for t, _, _ in HOOKS),
+        )
+
+    setattr(apply_then_check, VERIFIED_ATTR, True)
+    registry.apply_hooks = staticmethod(apply_then_check)
+
+
+def hook_applied(target: str, hook: Any) -> bool:
+    """Whether ``target`` (a dotted attribute path) now runs ``hook``: SGLang's wrappers keep the hook in
+    their closure and the function they wrap as ``__wrapped__``."""
+    owner_path, name = target.rsplit(".", 1)
+    try:
+        owner = pkgutil.resolve_name(owner_path)
+    except (ImportError, AttributeError, ValueError):
+        return False
+    fn = (owner.__dict__ if isinstance(owner, type) else vars(owner)).get(name)
+    fn = getattr(fn, "__func__", fn)  # a classmethod's function
+    while fn is not None:
+        if any(cell.cell_contents is hook for cell in (getattr(fn, "__closure__", None) or ())):
+            return True
+        fn = getattr(fn, "__wrapped__", None)
+    return False

@@ -157,3 +157,64 @@ def test_the_server_flags_the_plugin_needs_exist(sglang_source):
     for flag in flags:
         assert f'"{flag}"' in args, flag
     assert ISOLATED_MERGE_SPEC["attention_backend"] == "triton" and '"triton"' in args
+
+
+@pytest.fixture
+def real_registry(sglang_source, monkeypatch):
+    """The pinned SGLang's own ``hook_registry`` module (stdlib only), loaded from the wheel, with stand-in
+    modules holding the three hook targets (the real ones import CUDA kernels)."""
+    import types
+
+    from components.engine.backends import sglang_plugin as plugin
+
+    made: dict[str, types.ModuleType] = {}
+
+    def stand_in(name: str) -> types.ModuleType:
+        """``name`` and its parents as fresh modules, each an attribute of its parent (as imports leave them)."""
+        parent = None
+        for depth in range(1, name.count(".") + 2):
+            path = ".".join(name.split(".")[:depth])
+            if path not in made:
+                made[path] = types.ModuleType(path)
+                monkeypatch.setitem(sys.modules, path, made[path])
+                if parent is not None:
+                    setattr(parent, path.rsplit(".", 1)[1], made[path])
+            parent = made[path]
+        return parent
+
+    module = stand_in("sglang.srt.plugins.hook_registry")
+    exec(compile(_read(sglang_source, "plugins/hook_registry.py"), "hook_registry.py", "exec"), vars(module))
+    targets = {}
+    for target, _, _ in plugin.HOOKS:
+        module_name, cls_name, method = target.rsplit(".", 2)
+        owner = type(cls_name, (), {method: lambda self, *a, **k: None})
+        if method == "init_new":
+            owner.init_new = classmethod(lambda cls, *a, **k: None)
+        targets[target] = owner
+        setattr(stand_in(module_name), cls_name, owner)
+    monkeypatch.setenv("NPR_SGLANG_ISOLATED_MERGE", "1")
+    yield module.HookRegistry, targets
+    module.HookRegistry.reset()
+
+
+def test_the_plugin_checks_its_hooks_applied_under_the_real_registry(real_registry, caplog):
+    from components.engine.backends import sglang_plugin as plugin
+
+    registry, _ = real_registry
+    plugin.register()
+    with caplog.at_level("WARNING"):
+        registry.apply_hooks()  # what SGLang's load_plugins does after every plugin registered
+    assert all(plugin.hook_applied(target, hook) for target, _, hook in plugin.HOOKS)
+    assert "hooks applied" in caplog.text
+
+
+def test_a_hook_that_did_not_apply_stops_the_server(real_registry):
+    """A target renamed in a new SGLang: the real registry logs and swallows the failure; the plugin's
+    check ends the process instead of serving isolated requests as stock ones."""
+    from components.engine.backends import sglang_plugin as plugin
+
+    registry, targets = real_registry
+    del targets[plugin.INIT_METADATA].init_forward_metadata
+    plugin.register()
+    with pytest.raises(SystemExit, match="init_forward_metadata did not apply"):
+        registry.apply_hooks()

@@ -215,6 +215,10 @@ def fake_registry(monkeypatch):
         def register(cls, target, hook, hook_type="after"):
             registered.append((target, hook, hook_type))
 
+        @classmethod
+        def apply_hooks(cls):  # the real registry's is driven in test_sglang_hook_targets.py
+            pass
+
     module = types.ModuleType("sglang.srt.plugins.hook_registry")
     module.HookRegistry, module.HookType = HookRegistry, HookType
     for name in ("sglang", "sglang.srt", "sglang.srt.plugins"):
