@@ -60,7 +60,10 @@ def materialise_base_model(cfg: PipelineConfig) -> tuple[Any, Any, dict[str, Any
         metrics["checksums_verified"] = sorted(checked) if checked is not None else []
         if (Path(source) / CARD_JSON).exists():
             metrics["card_weights_sha256"] = read_card(Path(source))["weights_sha256"]
-    model, tokenizer = load_model(source, cfg.models, cfg.run)
+    # A copy computes nothing: it loads on the CPU wherever it runs (qwen3-4b places seed on the cpu pool,
+    # whose workers have no CUDA); only a measurement (seed.eval_n > 0) needs run.device.
+    run_cfg = cfg.run if cfg.seed.eval_n > 0 else cfg.run.model_copy(update={"device": "cpu"})
+    model, tokenizer = load_model(source, cfg.models, run_cfg)
     metrics.update(parameters=sum(p.numel() for p in model.parameters()), vocab_size=len(tokenizer))
     return model, tokenizer, metrics
 

@@ -108,3 +108,28 @@ def test_the_seed_stage_run_twice_is_bit_identical(tmp_path):
             assert a.read_bytes() == b.read_bytes(), f"{rel} differs between two runs"
     untimed = [{k: v for k, v in m.items() if "wall_time" not in k and k != "steps_per_s"} for *_, m in runs]
     assert untimed[0] == untimed[1]
+
+
+def test_qwen3_4b_seed_materialises_on_a_worker_without_cuda(tmp_path, in_repo, monkeypatch):
+    """qwen3-4b runs seed on the cpu pool (not in orchestration.gpu_stages) with run.device cuda: the copy
+    must not need CUDA; its measurement, when asked for, still does and says so."""
+    import torch
+
+    from components.models.loading import ModelLoadError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a cpu-pool worker, on any machine
+    local = tmp_path / "base"
+    shutil.copytree(in_repo / "models" / "tiny-instruct", local)
+    cfg = load_config(profile="qwen3-4b", overrides=[f"models.base_model={local}"])
+    assert "seed" not in cfg.orchestration.gpu_stages and cfg.run.device == "cuda" and cfg.seed.eval_n == 0
+    _problems_dir(tmp_path, 4)
+    io = StageIO(
+        stage="seed",
+        inputs={"sample_orz/problems": tmp_path / "problems"},
+        outputs={"model": tmp_path / "seed" / "model"},
+    )
+    metrics = run(cfg, io)
+    assert metrics["base_model"] == str(local) and (tmp_path / "seed" / "model" / "model.safetensors").exists()
+    measured = cfg.model_copy(update={"seed": cfg.seed.model_copy(update={"eval_n": 4})})
+    with pytest.raises(ModelLoadError, match="no CUDA device"):
+        run(measured, StageIO(stage="seed", inputs=io.inputs, outputs={"model": tmp_path / "m2" / "model"}))
