@@ -23,7 +23,7 @@ PROFILE ?= tiny
 # Config overrides for `make run`, each passed as `npr run --set KEY=VALUE` (make run SET="npr_zero.seed=1 run.seed=1").
 SET ?=
 
-.PHONY: install lock run test lint bench clean
+.PHONY: install install-vllm lock run test lint bench clean
 
 # Exactly the locked versions: the lock must match pyproject.toml and this Python (else one line saying
 # what to run); uv (the lock's own, hash-checked) syncs the venv to the lock (every pin by its hashes, no
@@ -41,7 +41,17 @@ $(VENV)/.installed: pyproject.toml $(LOCK)
 
 install: $(VENV)/.installed
 
-# Re-resolve both locked environments (requirements.lock and the GPU image's infra/gpu/requirements.txt)
+# The vLLM server's own environment (.venv-vllm, locked in infra/vllm/requirements.txt; [tool.npr.lock.vllm]):
+# what `generation.backend: vllm` launches and the tests that start a real server use. A stage that launches
+# the server installs it on first use too; `make run` does not need it.
+VLLM_VENV := .venv-vllm
+$(VLLM_VENV)/.installed: pyproject.toml infra/vllm/requirements.txt $(VENV)/.installed
+	$(PY) infra/envlock.py install --target vllm $(if $(WHEELS),--find-links $(WHEELS),)
+
+install-vllm: $(VLLM_VENV)/.installed
+
+# Re-resolve every locked environment (requirements.lock, the GPU image's infra/gpu/requirements.txt and the
+# vLLM server's infra/vllm/requirements.txt)
 # after a change to pyproject.toml's dependencies or its [tool.npr.lock.*] tables. Needs the package
 # registry; the committed locks are the preferences, so only the pins the change forces move. Pass uv
 # options through UV_ARGS (UV_ARGS='--upgrade-package rich').
@@ -62,7 +72,7 @@ lint: install
 # a two-worker run passes whole: one ran 1375 of 1381 tests in ~40 min, but the e2e, the resume-after-kill
 # test and a verl Ray test failed beside the heaviest files (cause not found; docs/results.md).
 TEST_WORKERS ?= 0
-test: lint
+test: lint install-vllm
 	$(BIN)/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --timeout=1500 --durations=30 tests
 
 bench: install

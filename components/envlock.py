@@ -10,8 +10,15 @@ installs.
 - ``stale(target)``: why a lock no longer matches its inputs (None when it does).
 - ``environment()``: which lock this process runs in, that file's sha256, and what differs from it; every
   stage records it in its provenance next to the prompt hash (``components.stages.run_stage``).
-- ``python infra/envlock.py check|verify|lock|pin|entry``: the Makefile's and the Dockerfile's entry
+- ``install(target)``: a target with a ``venv`` of its own (``vllm``: ``.venv-vllm``, the vLLM server's
+  environment, which cannot share the main one: vLLM's fastapi ceiling is below prefect's floor) created and
+  synced to its lock, verified, and marked with the lock's sha256 (``installed_marker``); ``make install-vllm``
+  and a stage's first launch of the server (``components.engine.server_env``) call it.
+- ``python infra/envlock.py check|verify|lock|pin|entry|install``: the Makefile's and the Dockerfile's entry
   points.
+
+A table with ``project = false`` resolves only its own requirements (the server's environment holds vLLM,
+not the project); ``excludes`` names packages left out of the resolution altogether (uv ``--excludes``).
 
 Importing this module needs only the standard library: ``check`` runs in a fresh venv before anything is
 installed. ``packaging`` (installed with the lock) is imported where pins are read.
@@ -87,8 +94,9 @@ def input_digest(tgt: Target, root: Path = ROOT) -> str:
     """sha256 of everything the target's resolution reads from pyproject.toml (order-insensitive lists)."""
     project = _project(root)["project"]
     extras = project.get("optional-dependencies", {})
+    own = tgt.table.get("project", True)  # a server's environment does not resolve the project's dependencies
     payload = {
-        "dependencies": sorted(project["dependencies"]),
+        "dependencies": sorted(project["dependencies"]) if own else [],
         "extras": {e: sorted(extras[e]) for e in tgt.table.get("extras", [])},
         "target": tgt.table,
     }
@@ -151,11 +159,11 @@ def entry(path: Path, name: str) -> str:
     raise LockError(f"{path.name} does not lock {name}")
 
 
-def installed() -> dict[str, str]:
-    """``{normalized name: version}`` of this interpreter's distributions (the first of a name wins, as
-    on import)."""
+def installed(paths: Sequence[str] | None = None) -> dict[str, str]:
+    """``{normalized name: version}`` of this interpreter's distributions, or of those under ``paths`` (another
+    environment's site-packages); the first of a name wins, as on import."""
     out: dict[str, str] = {}
-    for dist in metadata.distributions():
+    for dist in metadata.distributions(**({"path": list(paths)} if paths is not None else {})):
         # the two header fields, read directly: dist.metadata parses each whole file as an email message
         # (measured here for the ~285 distributions: 0.7 s, against 0.14 s this way)
         head = (dist.read_text("METADATA") or dist.read_text("PKG-INFO") or "").split("\n\n", 1)[0]
@@ -196,13 +204,103 @@ def compare(tgt: Target, have: dict[str, str], root: Path = ROOT) -> dict[str, A
     }
 
 
+def venv_of(tgt: Target, root: Path = ROOT) -> Path | None:
+    """The virtual environment a target installs into (its table's ``venv``), None for the main one."""
+    venv = tgt.table.get("venv")
+    return root / str(venv) if venv else None
+
+
+def site_packages(venv: Path) -> list[str]:
+    return [str(p) for p in sorted((venv / "lib").glob("python*/site-packages"))]
+
+
+def installed_marker(venv: Path) -> Path:
+    """Written last by ``install``: the sha256 of the lock the venv was synced to."""
+    return venv / ".installed"
+
+
+def is_installed(tgt: Target, root: Path = ROOT) -> bool:
+    """Whether the target's venv was installed from its lock as it is now."""
+    venv = venv_of(tgt, root)
+    if venv is None:
+        raise LockError(f"[tool.npr.lock.{tgt.name}] names no venv of its own")
+    marker = installed_marker(venv)
+    return marker.exists() and marker.read_text().strip() == file_sha256(tgt.output)
+
+
+def venv_environment(tgt: Target, root: Path = ROOT) -> dict[str, Any]:
+    """``compare`` of the target's own venv against its lock (a server's environment, for provenance)."""
+    venv = venv_of(tgt, root)
+    if venv is None or not venv.exists():
+        return {"target": tgt.name, "lock": str(tgt.output.relative_to(root)), "matches": False, "venv": None}
+    return {
+        "target": tgt.name,
+        "venv": str(venv.relative_to(root)),
+        **compare(tgt, installed(site_packages(venv)), root),
+    }
+
+
+LOCAL_WHEELS = Path("/opt/wheels")  # the machine's CPU torch wheel, where it has one (as the Makefile)
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+
+
+def wheel_sources(find_links: str | None = None) -> list[str]:
+    """uv's package sources: the local wheel directory if there is one, else PyTorch's CPU index too (a file
+    from there is installed only if its sha256 is the lock's)."""
+    if find_links or LOCAL_WHEELS.is_dir():
+        return ["--find-links", str(find_links or LOCAL_WHEELS)]
+    return ["--extra-index-url", TORCH_CPU_INDEX, "--index-strategy", "unsafe-best-match"]
+
+
+def install(tgt: Target, find_links: str | None = None, root: Path = ROOT) -> Path:
+    """Create the target's venv (its Python), sync it to the lock with uv (hash-checked, anything else
+    removed), verify it and write the marker; returns the venv's python."""
+    problem = stale(tgt, root)
+    if problem:
+        raise LockError(problem)
+    venv = venv_of(tgt, root)
+    if venv is None:
+        raise LockError(f"[tool.npr.lock.{tgt.name}] names no venv of its own to install into")
+    python = venv / "bin" / "python"
+    if not python.exists():
+        base = shutil.which(f"python{tgt.python}")
+        if base is None:
+            raise LockError(f"{tgt.output.name} needs CPython {tgt.python} (python{tgt.python} not found)")
+        subprocess.run([base, "-m", "venv", str(venv)], check=True)
+    installed_marker(venv).unlink(missing_ok=True)
+    sync = [
+        _uv(),
+        "pip",
+        "sync",
+        "-q",
+        "--python",
+        str(python),
+        "--require-hashes",
+        *wheel_sources(find_links),
+    ]
+    proc = subprocess.run([*sync, str(tgt.output)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise LockError(f"installing {tgt.output.name} into {venv} failed: {proc.stderr.strip()[-2000:]}")
+    script = root / "infra" / "envlock.py"
+    proc = subprocess.run(
+        [str(python), str(script), "verify", "--target", tgt.name], capture_output=True, text=True
+    )
+    if proc.returncode != 0:
+        raise LockError(f"{venv} is not {tgt.output.name} after the install: {proc.stderr.strip()[-2000:]}")
+    installed_marker(venv).write_text(file_sha256(tgt.output) + "\n")
+    return python
+
+
 def environment(root: Path = ROOT) -> dict[str, Any]:
     """The lock this process's environment was installed from: ``compare`` for the target it matches best
     (fewest mismatched packages)."""
     if not (root / "pyproject.toml").exists():  # code installed without its checkout: no lock to name
         return {"lock": None, "matches": False}
     have = installed()
-    found = [compare(t, have, root) for t in targets(root).values() if t.output.exists()]
+    # a target with a venv of its own (a server's) is never this process's environment
+    found = [
+        compare(t, have, root) for t in targets(root).values() if t.output.exists() and venv_of(t) is None
+    ]
     return min(found, key=lambda c: len(c["mismatched"])) if found else {"lock": None, "matches": False}
 
 
@@ -234,6 +332,8 @@ def project_requirements(tgt: Target, root: Path = ROOT) -> list[str]:
     """What the target resolves for the project: its dependencies and the table's extras, with the table's
     ``replace`` entries standing in for the project's own requirement on those packages. Unlike an override,
     a replacement leaves every other package's requirement on it in force (torchvision's on torch)."""
+    if not tgt.table.get("project", True):
+        return []  # an environment of its own (a server's): only the table's requirements
     project = _project(root)["project"]
     replace = {requirement_name(r): r for r in tgt.table.get("replace", [])}
     deps = list(project["dependencies"])
@@ -285,6 +385,7 @@ def compile_target(tgt: Target, out: Path, uv_args: Sequence[str] = (), root: Pa
             (f"tool.npr.lock.{tgt.name}.requirements", ""): tgt.table.get("requirements", []),
             (f"tool.npr.lock.{tgt.name}.constraints", "--constraints"): tgt.table.get("constraints", []),
             (f"tool.npr.lock.{tgt.name}.overrides", "--overrides"): tgt.table.get("overrides", []),
+            (f"tool.npr.lock.{tgt.name}.excludes", "--excludes"): tgt.table.get("excludes", []),
         }
         for (name, flag), lines in inputs.items():
             if lines:
@@ -315,6 +416,12 @@ def main(argv: Sequence[str] | None = None, root: Path = ROOT) -> int:
     lock.add_argument("--target")
     pin = sub.add_parser("pin", help="print the dev extra's exact requirement on a package")
     pin.add_argument("package")
+    inst = sub.add_parser("install", help="create and sync a target's own venv (its table's venv)")
+    inst.add_argument("--target", required=True)
+    inst.add_argument("--find-links")
+    inst.add_argument(
+        "--if-missing", action="store_true", help="do nothing when the venv is its lock already"
+    )
     one = sub.add_parser("entry", help="print a target's locked entry (pin and hashes) for one package")
     one.add_argument("package")
     one.add_argument("--target", required=True)
@@ -327,6 +434,11 @@ def main(argv: Sequence[str] | None = None, root: Path = ROOT) -> int:
             return 0
         if args.command == "entry":
             print(entry(target(args.target, root).output, args.package), end="")
+            return 0
+        if args.command == "install":
+            tgt = target(args.target, root)
+            if not (args.if_missing and is_installed(tgt, root)):
+                print(f"{install(tgt, args.find_links, root)}: {tgt.output.name}")
             return 0
         chosen = [target(args.target, root)] if args.target else list(targets(root).values())
         if args.command == "check":

@@ -19,8 +19,9 @@ def generate(
     """Sample one response per prompt.
 
     Args:
-        model: a Hugging Face causal LM (torch backend); ignored by the sglang backend, which talks to the
-            server at ``cfg.server_url`` (started by the stage for its checkpoint, ``components.ops.serving``).
+        model: a Hugging Face causal LM (torch backend); ignored by the server backends (sglang, vllm),
+            which talk to the server at ``cfg.server_url`` (started by the stage for its checkpoint,
+            ``components.engine.serving``).
         prompts: fully rendered prompt texts (chat template applied, ending with the assistant header).
         cfg: sampling, mode, budgets, backend and merge mode.
         tags: ``components.structure.TagIds`` of the tokenizer; required when ``cfg.mode == "parallel"``.
@@ -38,6 +39,10 @@ def generate(
         from components.engine.backends.sglang_client import generate_sglang  # lazy: httpx
 
         return generate_sglang(tokenizer, prompts, cfg, tags, response_prefixes)
+    if cfg.backend == "vllm":
+        from components.engine.backends.vllm_client import generate_vllm  # lazy: httpx
+
+        return generate_vllm(tokenizer, prompts, cfg, tags, response_prefixes)
     from components.engine.backends.torch_backend import generate_torch  # lazy: transformers
 
     return generate_torch(model, tokenizer, prompts, cfg, tags, response_prefixes)

@@ -6,8 +6,11 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, model_validator
 
-from components.ops.launch import SGLANG_KEYS
+from components.ops.launch import SGLANG_KEYS, VLLM_KEYS
 from components.settings import StrictModel
+
+# the backends that decode on an inference server (components.engine.serving starts or attaches it)
+SERVER_BACKENDS = ("sglang", "vllm")
 
 
 class GenerationConfig(StrictModel):
@@ -29,7 +32,9 @@ class GenerationConfig(StrictModel):
     those of the model's own.
 
     Backends (docs/architecture.md "Engine"): ``torch`` decodes in this process; ``sglang`` sends the
-    controller's requests to an SGLang server's native ``/generate`` API, at most ``batch_size`` in flight.
+    controller's requests to an SGLang server's native ``/generate`` API, ``vllm`` to a vLLM server's
+    ``/v1/completions`` (token ids in, sampled-token log-probs out; launched from ``vllm_server_spec`` in its
+    own locked environment), at most ``batch_size`` in flight.
     ``merge_mode`` is how a merged block is continued: ``shared_kv`` (the torch engine only: exact) or
     ``reprefill`` (the branches re-read as sequential text; the only mode a stock server can do, and what
     the torch engine does on request to measure it). With ``server: launch`` the stage starts a server for
@@ -59,12 +64,13 @@ class GenerationConfig(StrictModel):
     kv_budget_tokens: int | None = Field(None, ge=1)
     batch_size: int = Field(64, ge=1)
     seed: int = Field(0, ge=0)
-    backend: Literal["torch", "sglang"] = "torch"
+    backend: Literal["torch", "sglang", "vllm"] = "torch"
     merge_mode: Literal["shared_kv", "reprefill"] = "shared_kv"
-    # sglang backend only: the server (launched per checkpoint from a spec, or attached), a per-request
+    # server backends only: the server (launched per checkpoint from its spec, or attached), a per-request
     # timeout and how long a launched server may take to become healthy.
     server: Literal["launch", "attach"] = "launch"
     server_spec: str = "infra/sglang/server.yaml"
+    vllm_server_spec: str = "infra/vllm/server.yaml"
     server_url: str = "http://127.0.0.1:30000"
     # keys of the server spec overridden for this stage's launched server (e.g. {dp_size: 1})
     server_args: dict[str, int | float | bool | str] = {}
@@ -72,17 +78,24 @@ class GenerationConfig(StrictModel):
     server_start_timeout_s: float = Field(900.0, gt=0)
     sglang_isolated_merge: bool = False
 
+    @property
+    def served(self) -> bool:
+        """Whether an inference server decodes (the stage launches or attaches it), not this process."""
+        return self.backend in SERVER_BACKENDS
+
     @model_validator(mode="after")
     def _merge_mode_fits_backend(self) -> GenerationConfig:
-        unknown = sorted(set(self.server_args) - (SGLANG_KEYS - {"model_path", "host", "port"}))
+        keys = VLLM_KEYS if self.backend == "vllm" else SGLANG_KEYS
+        settable = keys - {"model_path", "host", "port"}
+        unknown = sorted(set(self.server_args) - settable)
         if unknown:
             raise ValueError(
-                f"server_args {unknown} are not keys a launched SGLang server takes (model_path, host and "
-                f"port are set by the stage); known: {sorted(SGLANG_KEYS - {'model_path', 'host', 'port'})}"
+                f"server_args {unknown} are not keys a launched {self.backend} server takes (model_path, host "
+                f"and port are set by the stage); known: {sorted(settable)}"
             )
-        if self.backend == "sglang" and self.merge_mode == "shared_kv":
+        if self.served and self.merge_mode == "shared_kv":
             raise ValueError(
-                "merge_mode 'shared_kv' needs the torch backend: SGLang's /generate API has no parallel "
+                f"merge_mode 'shared_kv' needs the torch backend: {self.backend}'s API has no parallel "
                 "mask or positions, so a merge re-reads the branches (merge_mode: reprefill); set "
                 "generation.merge_mode to reprefill or generation.backend to torch"
             )

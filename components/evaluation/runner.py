@@ -34,7 +34,7 @@ from components.artifacts import read_jsonl, write_jsonl, write_shards
 from components.data.benchmarks import SPLIT_BENCHMARKS, load_benchmark
 from components.engine import Generation, GenerationConfig, generate
 from components.engine.generation import exact_semantics
-from components.engine.serving import check_context_length, context_length_for, serving
+from components.engine.serving import check_context_length, context_length_for, server_label, serving
 from components.evaluation.config import BenchmarkSpec, EvaluateConfig
 from components.evaluation.job import EvalJobConfig
 from components.evaluation.metrics import (
@@ -61,6 +61,7 @@ DEPLOYMENT_SETTINGS = (
     "backend",
     "server",
     "server_spec",
+    "vllm_server_spec",
     "server_args",
     "server_url",
     "request_timeout_s",
@@ -508,7 +509,7 @@ def check_served_context(
             for p in problems[spec.name]:
                 text = render_prompt(tok, p["problem"], cfg.prompts, ckpt.prompt_style)
                 longest = max(longest, len(tok.encode(text, add_special_tokens=False)))
-    check_context_length(context_length_for(gen), longest, gen.max_new_tokens, "evaluate")
+    check_context_length(context_length_for(gen), longest, gen.max_new_tokens, "evaluate", server_label(gen))
     return longest
 
 
@@ -591,7 +592,7 @@ def evaluate_checkpoints(
             "checkpoints": {},
         }
     )
-    served = ecfg.generation.backend == "sglang"
+    served = ecfg.generation.served
     if served:
         check_served_context(cfg, checkpoints, benchmarks, problems)
 

@@ -2,17 +2,20 @@
 
 (infra/ray/job.yaml is rendered by ``components.training.verl.ray_cluster.submit_stage_job``.)
 
-- ``sglang_server_command(spec)``: infra/sglang/server.yaml -> ``python -m sglang.launch_server ...``
-  (``components.engine.serving`` starts it for a stage's checkpoint, waits for health, stops it); a
-  server that listens beyond loopback must name ``api_key_env``, whose value becomes ``--api-key``
-  (the key comes from the environment, a secret, never from the spec).
+- ``sglang_server_command(spec)``: infra/sglang/server.yaml -> ``python -m sglang.launch_server ...``;
+  ``vllm_server_command(spec)``: infra/vllm/server.yaml -> ``python -m vllm.entrypoints.openai.api_server
+  ...`` (``components.engine.serving`` starts either for a stage's checkpoint, waits for health, stops it);
+  a server that listens beyond loopback must name ``api_key_env``, whose value becomes ``--api-key`` (the
+  key comes from the environment, a secret, never from the spec). One renderer, one table per server
+  (``ServerKind``): the keys a spec may hold and the flag each becomes.
 
-Nothing here imports sglang or ray: these run on the GPU image (infra/gpu/), not in the CPU environment.
+Nothing here imports sglang, vllm or ray: they run in their own environments (infra/gpu/, .venv-vllm).
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +53,31 @@ SGLANG_SWITCHES = {
 SGLANG_META = {"image", "python", "module", "env", "api_key_env"}  # the key is rendered apart
 SGLANG_IGNORED = SGLANG_META
 SGLANG_KEYS = frozenset(SGLANG_FLAGS) | frozenset(SGLANG_SWITCHES) | SGLANG_META
+# spec key -> vLLM OpenAI server flag (vllm/engine/arg_utils.py, 0.31.0)
+VLLM_FLAGS = {
+    "model_path": "--model",
+    "served_model_name": "--served-model-name",
+    "host": "--host",
+    "port": "--port",
+    "tensor_parallel_size": "--tensor-parallel-size",
+    "data_parallel_size": "--data-parallel-size",
+    "dtype": "--dtype",
+    "gpu_memory_utilization": "--gpu-memory-utilization",
+    "max_model_len": "--max-model-len",
+    "max_num_seqs": "--max-num-seqs",
+    "seed": "--seed",
+}
+VLLM_SWITCHES = {
+    "trust_remote_code": "--trust-remote-code",
+    # eager mode: no torch.compile or graph capture at start (on CPU they cost minutes, gain nothing here)
+    "enforce_eager": "--enforce-eager",
+    "enable_prefix_caching": "--enable-prefix-caching",
+    # usage.prompt_tokens_details.cached_tokens in every answer: how much of a prompt the prefix cache served
+    "enable_prompt_tokens_details": "--enable-prompt-tokens-details",
+}
+# as SGLANG_META, plus the locked environment the interpreter belongs to (components.engine.server_env)
+VLLM_META = SGLANG_META | {"environment"}
+VLLM_KEYS = frozenset(VLLM_FLAGS) | frozenset(VLLM_SWITCHES) | VLLM_META
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 # EXPERIMENTAL: a server with NPR's isolated-merge plugin (components.engine.backends.sglang_plugin) on: the
 # environment flag the plugin checks, and the settings its hooks need (the triton backend's custom mask,
@@ -61,6 +89,32 @@ SGLANG_API_KEY_ENV = "NPR_SGLANG_API_KEY"  # what the spec names and the client 
 
 class LaunchSpecError(UserError, ValueError):
     """A spec in infra/ is missing a required key or has one the renderer does not know."""
+
+
+@dataclass(frozen=True)
+class ServerKind:
+    """How one inference server's spec becomes its command line."""
+
+    name: str
+    module: str  # the default ``python -m`` entry (a spec's ``module`` replaces it: tests' stand-ins)
+    flags: dict[str, str]
+    switches: dict[str, str]
+    keys: frozenset[str]
+    required: tuple[str, ...]
+
+
+SGLANG = ServerKind(
+    "sglang",
+    "sglang.launch_server",
+    SGLANG_FLAGS,
+    SGLANG_SWITCHES,
+    SGLANG_KEYS,
+    ("model_path", "port", "tp_size"),
+)
+VLLM = ServerKind(
+    "vllm", "vllm.entrypoints.openai.api_server", VLLM_FLAGS, VLLM_SWITCHES, VLLM_KEYS, ("model_path", "port")
+)
+SERVER_KINDS = {kind.name: kind for kind in (SGLANG, VLLM)}
 
 
 def load_spec(path: Path | str) -> dict[str, Any]:
@@ -85,36 +139,52 @@ def with_isolated_merge(spec: dict[str, Any]) -> dict[str, Any]:
 def sglang_server_command(
     spec: dict[str, Any], python: str | None = None, env: dict[str, str] | None = None
 ) -> list[str]:
-    """argv of the SGLang server described by ``spec`` (keys of infra/sglang/server.yaml).
+    """argv of the SGLang server described by ``spec`` (keys of infra/sglang/server.yaml; ``server_command``)."""
+    return server_command(SGLANG, spec, python, env)
+
+
+def vllm_server_command(
+    spec: dict[str, Any], python: str | None = None, env: dict[str, str] | None = None
+) -> list[str]:
+    """argv of the vLLM OpenAI server described by ``spec`` (keys of infra/vllm/server.yaml)."""
+    return server_command(VLLM, spec, python, env)
+
+
+def server_command(
+    kind: ServerKind, spec: dict[str, Any], python: str | None = None, env: dict[str, str] | None = None
+) -> list[str]:
+    """argv of the ``kind`` server described by ``spec``.
 
     The interpreter is ``python`` if given, else the spec's ``python`` (default ``python``); the module is
-    the spec's ``module`` (default ``sglang.launch_server``; tests point it at their stand-in server).
+    the spec's ``module`` (default ``kind.module``; tests point it at their stand-in server).
     ``--api-key`` is the value of the environment variable ``spec["api_key_env"]`` (``env``, default
     ``os.environ``) when it is set; a server that listens beyond loopback without a key is refused.
     """
-    unknown = set(spec) - SGLANG_KEYS
+    unknown = set(spec) - kind.keys
     if unknown:
-        raise LaunchSpecError(f"unknown SGLang spec keys {sorted(unknown)}; known: {sorted(SGLANG_KEYS)}")
-    for key in ("model_path", "port", "tp_size"):
+        raise LaunchSpecError(f"unknown {kind.name} spec keys {sorted(unknown)}; known: {sorted(kind.keys)}")
+    for key in kind.required:
         if key not in spec:
-            raise LaunchSpecError(f"SGLang spec lacks {key!r}")
+            raise LaunchSpecError(f"{kind.name} spec lacks {key!r}")
     interpreter = python or str(spec.get("python") or "python")
-    argv = [interpreter, "-m", str(spec.get("module") or "sglang.launch_server")]
-    for key, flag in SGLANG_FLAGS.items():
+    argv = [interpreter, "-m", str(spec.get("module") or kind.module)]
+    for key, flag in kind.flags.items():
         if spec.get(key) is not None:
             argv += [flag, str(spec[key])]
-    argv += [flag for key, flag in SGLANG_SWITCHES.items() if spec.get(key)]
+    argv += [flag for key, flag in kind.switches.items() if spec.get(key)]
     key_env = spec.get("api_key_env")
     key = (os.environ if env is None else env).get(str(key_env)) if key_env else None
     if key:
         return argv + ["--api-key", key]
-    host = str(spec.get("host", "127.0.0.1"))  # SGLang's default host is loopback
+    host = str(
+        spec.get("host", "127.0.0.1")
+    )  # both servers' default host here is loopback (set by the stage)
     if host not in LOOPBACK:
         if not key_env:
             raise LaunchSpecError(
-                f"an SGLang server on {host} must require an API key: set api_key_env (e.g. {SGLANG_API_KEY_ENV})"
+                f"a {kind.name} server on {host} must require an API key: set api_key_env (e.g. {SGLANG_API_KEY_ENV})"
             )
         raise LaunchSpecError(
-            f"an SGLang server on {host} needs its API key: export {key_env} (on k8s: the npr-credentials secret)"
+            f"a {kind.name} server on {host} needs its API key: export {key_env} (on k8s: the npr-credentials secret)"
         )
     return argv  # loopback: only this machine can reach it; the key is used when it is set

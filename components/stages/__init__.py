@@ -24,6 +24,7 @@ from components import reporting, storage
 from components.artifacts import prepare_work_dir, write_json
 from components.config import PipelineConfig
 from components.dag import StageIO, stage_io
+from components.engine.server_env import server_environment
 from components.env import torch_threads
 from components.envlock import environment
 from components.fingerprint import work_fingerprint
@@ -88,6 +89,10 @@ def run_stage(name: str, cfg: PipelineConfig, io: StageIO | None = None) -> dict
             # what run.autocast resolved to here (auto: bf16 only on a device that computes it natively)
             "precision": run_precision(cfg.run).as_dict(cfg.run.dtype),
         }
+        # a stage decoding on a server in a locked environment of its own (vLLM's): that one too
+        served_env = server_environment(getattr(cfg, name, None))
+        if served_env is not None:
+            metrics["provenance"]["server_environment"] = served_env
         if main:
             write_reports(name, io, metrics, own_plots=getattr(module, "WRITES_PLOTS", False))
         if tracker is not None:

@@ -176,7 +176,7 @@ def run(cfg: PipelineConfig, io: StageIO) -> dict[str, Any]:
     model_dir = io.input(f"{dcfg.init_from}/model")
     out_dir = io.output("trajectories")
     problems = load_problems(io.input("sample_orz/problems"), dcfg.n_problems)
-    served = gen_cfg.backend == "sglang"
+    served = gen_cfg.served
     if served:
         model, tokenizer = None, load_tokenizer(model_dir)  # the server holds the weights
     else:
@@ -189,11 +189,14 @@ def run(cfg: PipelineConfig, io: StageIO) -> dict[str, Any]:
         from components.engine.serving import (  # lazy: httpx
             check_context_length,
             context_length_for,
+            server_label,
             serving,
         )
 
         longest = longest_prompt_tokens(tokenizer, problems, cfg.prompts)
-        check_context_length(context_length_for(gen_cfg), longest, gen_cfg.max_new_tokens, "distill")
+        check_context_length(
+            context_length_for(gen_cfg), longest, gen_cfg.max_new_tokens, "distill", server_label(gen_cfg)
+        )
         with serving(model_dir, gen_cfg, work / "server-logs") as live_cfg:
             stats = _decode_chunks(cfg, problems, model, tokenizer, tags, live_cfg, work)
     else:

@@ -43,11 +43,12 @@ from components.structure import TagIds
 API_KEY_ENV = "NPR_SGLANG_API_KEY"
 
 
-def auth_headers() -> dict[str, str]:
+def auth_headers(key_env: str = API_KEY_ENV) -> dict[str, str]:
     """The headers every request to a server started with ``--api-key`` needs: SGLang answers 401 on every
-    endpoint but ``/health*`` and ``/metrics`` without ``Authorization: Bearer <key>``. One definition for the
-    generate client and the launcher's model and context checks."""
-    api_key = os.environ.get(API_KEY_ENV)
+    endpoint but ``/health*`` and ``/metrics`` without ``Authorization: Bearer <key>`` (vLLM on every ``/v1``
+    route; its key is in ``vllm_client.API_KEY_ENV``). One definition for the clients and the launcher's model
+    and context checks."""
+    api_key = os.environ.get(key_env)
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 

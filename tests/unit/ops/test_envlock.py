@@ -39,8 +39,9 @@ def _target_environment(tgt: envlock.Target) -> dict[str, str]:
 
 def test_each_lock_was_written_from_pyproject_as_it_is_now() -> None:
     found = envlock.targets(ROOT)
-    assert set(found) == {"cpu", "gpu"}
+    assert set(found) == {"cpu", "gpu", "vllm"}
     assert found["cpu"].output == CPU_LOCK and found["gpu"].output == ROOT / "infra/gpu/requirements.txt"
+    assert found["vllm"].output == ROOT / "infra/vllm/requirements.txt"
     for tgt in found.values():
         assert envlock.stale(tgt, ROOT) is None
     assert envlock.main(["check"], ROOT) == 0
@@ -97,6 +98,8 @@ def _copy_project(tmp_path: Path) -> Path:
     shutil.copy(CPU_LOCK, tmp_path / "requirements.lock")
     (tmp_path / "infra/gpu").mkdir(parents=True)
     shutil.copy(ROOT / "infra/gpu/requirements.txt", tmp_path / "infra/gpu/requirements.txt")
+    (tmp_path / "infra/vllm").mkdir(parents=True)
+    shutil.copy(ROOT / "infra/vllm/requirements.txt", tmp_path / "infra/vllm/requirements.txt")
     return tmp_path
 
 
@@ -107,15 +110,16 @@ def test_a_dependency_changed_without_make_lock_is_one_line_and_exit_2(
     assert envlock.main(["check"], root) == 0
     text = (root / "pyproject.toml").read_text()
     (root / "pyproject.toml").write_text(text.replace('"rich>=13",', '"rich>=13",\n  "tabulate>=0.9",', 1))
-    cpu, gpu = envlock.targets(root).values()
+    cpu, gpu, server = envlock.targets(root).values()
     assert "requirements.lock is stale" in (envlock.stale(cpu, root) or "")
     assert "[tool.npr.lock.gpu]" in (envlock.stale(gpu, root) or "")  # the image's lock is stale too
+    assert envlock.stale(server, root) is None  # the vLLM server's environment holds no project dependency
     assert envlock.main(["check"], root) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: requirements.lock is stale") and err.count("\n") == 0 and "make lock" in err
     # a table change alone (another Python for the image) is a change of the inputs as well
     (root / "pyproject.toml").write_text(text.replace('python = "3.12"', 'python = "3.13"'))
-    cpu, gpu = envlock.targets(root).values()
+    cpu, gpu, _ = envlock.targets(root).values()
     assert envlock.stale(cpu, root) is None and envlock.stale(gpu, root)
     (root / "requirements.lock").unlink()
     assert "does not exist" in (envlock.stale(cpu, root) or "")
