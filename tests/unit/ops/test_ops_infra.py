@@ -209,3 +209,15 @@ def test_ray_job_submission_of_a_stage(tmp_path, monkeypatch) -> None:
     assert "dvc repro --pull --single-item papo_rl" in script
     assert "dvc push --run-cache -r s3 papo_rl" in script
     assert not list(tmp_path.iterdir())  # the runtime-env file (it holds keys) is gone
+
+
+def test_the_ray_cluster_yaml_passes_rays_own_schema():
+    """What `ray up` does before launching anything: fill the provider's defaults, then validate against the
+    ray-schema.json shipped in the installed Ray (the version the image pins); a misspelled key fails."""
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    config = yaml.safe_load((INFRA / "ray" / "cluster.yaml").read_text())
+    validate_config(prepare_config(config))
+    config["docker"]["pull_befor"] = True
+    with pytest.raises(Exception, match="pull_befor"):
+        validate_config(prepare_config(config))
