@@ -221,3 +221,51 @@ def test_the_ray_cluster_yaml_passes_rays_own_schema():
     config["docker"]["pull_befor"] = True
     with pytest.raises(Exception, match="pull_befor"):
         validate_config(prepare_config(config))
+
+
+K8S_VERSION = "1.30.0"  # the oldest Kubernetes whose API these manifests target (all of it GA since 1.21)
+
+
+def _k8s_valid(resource: dict) -> None:
+    """Strict: an unknown field fails too, as `kubectl apply --validate=strict` would."""
+    import kubernetes_validate
+
+    kubernetes_validate.validate(resource, K8S_VERSION, strict=True)
+
+
+def _rendered_gpu_job() -> dict:
+    """The gpu pool's Job as Prefect's kubernetes worker renders it: the template's variables (defaults plus
+    what a run sets), then env as a list of name/value pairs and the command split into args (what the
+    worker does to the manifest before creating it)."""
+    import shlex
+
+    from prefect.utilities.templating import apply_values
+
+    template = json.loads((INFRA / "k8s" / "gpu-pool-template.json").read_text())
+    values = {k: v.get("default") for k, v in template["variables"]["properties"].items()}
+    values |= {
+        "name": "npr-stage-run",
+        "command": "prefect flow-run execute",
+        "labels": {"prefect.io/flow-run-id": "abc"},
+        "env": {**values["env"], "NPR_GIT_COMMIT": "abc"},
+        "gpu_count": 8,
+    }
+    job = apply_values(template["job_configuration"], values)["job_manifest"]
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    container["env"] = [{"name": k, "value": str(v)} for k, v in container["env"].items()]
+    container["args"] = shlex.split(container["args"])
+    return job
+
+
+def test_the_k8s_manifests_pass_the_kubernetes_openapi_schema() -> None:
+    import kubernetes_validate
+
+    _k8s_valid(_rendered_gpu_job())
+    documents = list(yaml.safe_load_all((INFRA / "k8s" / "sglang-server.yaml").read_text()))
+    assert [d["kind"] for d in documents] == ["Deployment", "Service"]
+    for document in documents:
+        _k8s_valid(document)
+    broken = _rendered_gpu_job()
+    broken["spec"]["template"]["spec"]["containers"][0]["volumeMount"] = []  # a typo of volumeMounts
+    with pytest.raises(kubernetes_validate.ValidationError, match="volumeMount"):
+        _k8s_valid(broken)
