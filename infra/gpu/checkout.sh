@@ -41,7 +41,10 @@ if [ -z "$commit" ]; then
   echo "$repo"
   exit 0
 fi
-if [ "$(git -C "$repo" rev-parse HEAD 2>/dev/null || true)" = "$commit" ] \
+# NPR_CHECKOUT_PERSISTENT=1 (the GPU image): always a checkout under the root, which is the work volume, so
+# the stage's artifacts/<stage>/work outlives the pod; otherwise the image's own copy serves when it is the commit
+if [ "${NPR_CHECKOUT_PERSISTENT:-0}" != 1 ] \
+  && [ "$(git -C "$repo" rev-parse HEAD 2>/dev/null || true)" = "$commit" ] \
   && [ -z "$(git -C "$repo" status --porcelain --untracked-files=no -- . ':!params.yaml' ':!dvc.lock' 2>/dev/null || echo dirty)" ]; then
   echo "checkout: $repo is at $commit" >&2
   use_forwarded_remote "$repo"

@@ -5,7 +5,9 @@ runs there, and `npr stage` subprocesses import that checkout's code (flows/stag
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -99,3 +101,47 @@ def test_without_a_commit_the_image_code_runs_and_a_missing_commit_is_an_error(
     env["NPR_GIT_COMMIT"] = "0" * 40  # neither here nor fetchable: a clear error, no silent fallback
     failed = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
     assert failed.returncode == 2 and "NPR_GIT_REMOTE is not set" in failed.stderr
+
+
+def test_a_retried_job_finds_the_work_of_the_pod_that_died(baked_and_launched, tmp_path):
+    """The GPU image checks every job out under NPR_CHECKOUT_ROOT (NPR_CHECKOUT_PERSISTENT=1), which on
+    Kubernetes is the work volume: a second pod for the same commit (the pipeline's retry after the first
+    died) gets the same directory, with the stage's checkpoints in artifacts/<stage>/work, even when the
+    image itself holds that commit."""
+    _, image, baked, _ = baked_and_launched
+    script = ROOT / "infra" / "gpu" / "checkout.sh"
+    volume = tmp_path / "volume"  # what survives a pod; the pod's own /tmp does not
+    env = {
+        **os.environ,
+        "NPR_REPO_DIR": str(image),
+        "NPR_GIT_COMMIT": baked,  # the image already holds it: without the flag the image's copy would run
+        "NPR_CHECKOUT_ROOT": str(volume / "checkouts"),
+        "NPR_CHECKOUT_PERSISTENT": "1",
+    }
+    env.pop("NPR_GIT_REMOTE", None)
+    first = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, check=True)
+    run_dir = Path(first.stdout.strip())
+    assert run_dir == volume / "checkouts" / baked
+    checkpoint = run_dir / "artifacts" / "papo_rl" / "work" / "global_step_1" / "state.pt"
+    checkpoint.parent.mkdir(parents=True)
+    checkpoint.write_bytes(b"step 1")
+    retry = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, check=True)
+    assert Path(retry.stdout.strip()) == run_dir and checkpoint.read_bytes() == b"step 1"
+    env.pop("NPR_CHECKOUT_PERSISTENT")  # a local worker: the image's (here: its own) copy serves
+    local = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, check=True)
+    assert Path(local.stdout.strip()) == image
+
+
+def test_the_image_checks_out_on_the_volume_the_pool_template_mounts():
+    dockerfile = (ROOT / "infra" / "gpu" / "Dockerfile").read_text()
+    root = re.search(r"NPR_CHECKOUT_ROOT=(\S+)", dockerfile)
+    assert root and "NPR_CHECKOUT_PERSISTENT=1" in dockerfile
+    template = json.loads((ROOT / "infra" / "k8s" / "gpu-pool-template.json").read_text())
+    pod = template["job_configuration"]["job_manifest"]["spec"]["template"]["spec"]
+    mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+    claim = next(v for v in pod["volumes"] if v["name"] == "work")["persistentVolumeClaim"]["claimName"]
+    assert Path(root.group(1)).is_relative_to(mounts["work"])
+    volume = yaml.safe_load((ROOT / "infra" / "k8s" / "work-volume.yaml").read_text())
+    assert claim == "{{ work_claim }}"
+    assert template["variables"]["properties"]["work_claim"]["default"] == volume["metadata"]["name"]
+    assert "ReadWriteMany" in volume["spec"]["accessModes"]

@@ -265,7 +265,19 @@ def test_the_k8s_manifests_pass_the_kubernetes_openapi_schema() -> None:
     assert [d["kind"] for d in documents] == ["Deployment", "Service"]
     for document in documents:
         _k8s_valid(document)
+    _k8s_valid(yaml.safe_load((INFRA / "k8s" / "work-volume.yaml").read_text()))
     broken = _rendered_gpu_job()
     broken["spec"]["template"]["spec"]["containers"][0]["volumeMount"] = []  # a typo of volumeMounts
     with pytest.raises(kubernetes_validate.ValidationError, match="volumeMount"):
         _k8s_valid(broken)
+
+
+def test_the_work_volume_holds_the_disk_the_profile_plans_checkpoints_against() -> None:
+    """``npr config check`` plans a verl stage's checkpoints against ``orchestration.gpu.disk_gib``; the
+    claim every gpu-pool job mounts asks for exactly that."""
+    from components.config import load_config
+
+    claim = yaml.safe_load((INFRA / "k8s" / "work-volume.yaml").read_text())
+    requested = claim["spec"]["resources"]["requests"]["storage"]
+    assert requested.endswith("Gi")
+    assert float(requested[:-2]) == load_config(profile="qwen3-4b").orchestration.gpu.disk_gib
