@@ -149,7 +149,14 @@ def verl_launch(
     --dry-run) write its inputs and submit it."""
     from components.training.verl.launch import launch  # lazy: verl
 
-    code = launch(stage, _load(profile), dry_run=dry_run)
+    cfg = _load(profile)
+    code = launch(stage, cfg, dry_run=dry_run)
+    if code is None:  # no running cluster: the stage starts its own Ray head, runs verl and merges
+        from components.stages import run_stage  # lazy: torch
+
+        metrics = run_stage(stage, cfg)
+        _print_summary(stage, metrics, f"full record: artifacts/{stage}/metrics.json")
+        return
     if code:
         raise typer.Exit(code)
 

@@ -902,9 +902,12 @@ def _resolve_sampler(stage: str, config: Any) -> str | None:
         ) from err
 
 
-def launch(stage: str, cfg: VerlJobConfig, dry_run: bool = False) -> int:
+def launch(stage: str, cfg: VerlJobConfig, dry_run: bool = False) -> int | None:
     """``npr verl launch STAGE [--dry-run] [--profile P]``: validate the verl job of an RL stage, print its
-    settings and command, and (without ``dry_run``) write its inputs and submit it; returns the exit status."""
+    settings and command, and (without ``dry_run``) write its inputs and submit it to the running cluster at
+    ``verl.ray_address``; returns the exit status. None when there is no such cluster: the job then needs
+    the head the stage starts itself, so the caller runs the stage (``components.stages.run_stage``, in its
+    own process), which builds the job once, runs verl's ``main_ppo`` and merges."""
     stage_cfg = rl_section(cfg, stage)
     try:
         check = validate_job(stage, cfg)
@@ -933,6 +936,9 @@ def launch(stage: str, cfg: VerlJobConfig, dry_run: bool = False) -> int:
         # its training problems come from its own data layer (Parallel-R1's), which the stage runs
         print(f"error: {stage}'s job is written and submitted by its stage: run `npr stage {stage}`")
         return 2
+    if not stage_cfg.verl.ray_address:
+        print(f"# {stage}: no verl.ray_address, so the stage starts its own Ray head and runs the job")
+        return None
     io = stage_io(stage)
     run_dir = Path(cfg.run.artifacts_dir) / stage / "work" / "verl"
     command, path = prepare_launch(
@@ -945,6 +951,4 @@ def launch(stage: str, cfg: VerlJobConfig, dry_run: bool = False) -> int:
     )
     print(f"# overrides written to {path}")
     print(shlex.join(command))
-    if not stage_cfg.verl.ray_address:  # the stage starts (and stops) its own Ray head, then merges
-        return subprocess.call(["npr", "stage", stage])
     return subprocess.call(command)

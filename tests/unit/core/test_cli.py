@@ -136,6 +136,27 @@ def test_the_verl_launch_dry_run_writes_nothing(checkout: Path) -> None:
     assert sorted(p.relative_to(checkout) for p in checkout.rglob("*")) == before
 
 
+def test_the_verl_launch_without_a_cluster_runs_the_stage_in_process(checkout: Path, monkeypatch) -> None:
+    """No verl.ray_address: the job needs the Ray head its stage starts, so `npr verl launch` runs the stage
+    through the library (once: no overrides written here, no `npr stage` subprocess)."""
+    import subprocess
+
+    import components.stages
+    from components.artifacts import write_shards
+    from components.data.synthetic import generate_problems
+
+    problems = checkout / "artifacts" / "sample_orz" / "problems"
+    write_shards(problems, [dict(p, split="train") for p in generate_problems(4, seed=1)], 1, stem="train")
+    write_shards(problems, [dict(p, split="test") for p in generate_problems(2, seed=2)], 1, stem="test")
+    ran: list[str] = []
+    monkeypatch.setattr(components.stages, "run_stage", lambda name, cfg: ran.append(name) or {"steps": 2})
+    monkeypatch.setattr(subprocess, "call", lambda *a, **k: pytest.fail(f"a subprocess was started: {a}"))
+    result = _invoke("verl", "launch", "npr_zero")
+    assert result.exit_code == 0, result.output
+    assert ran == ["npr_zero"] and "starts its own Ray head" in result.output
+    assert not (checkout / "artifacts" / "npr_zero" / "work").exists()
+
+
 def test_seed_build_is_an_npr_command_with_the_tiny_recipe(monkeypatch, tmp_path: Path) -> None:
     """`npr seed build` (no `python -m` entry inside components/): the tiny profile's `seed` recipe, with its
     overrides, the output and work dirs, the step override and the thread count passed through."""
