@@ -37,7 +37,7 @@ import contextlib
 import json
 import os
 import shlex
-import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -61,9 +61,9 @@ from verl.workers.rollout import base as rollout_base
 from verl.workers.rollout.replica import RolloutReplicaRegistry
 
 from components.artifacts import read_shards
-from components.dag import stage_io
 from components.data.problems import load_tuning_split
 from components.grading.config import REWARD_SECTIONS
+from components.ops.launch import RAY_JOB_SPEC, load_spec
 from components.prompts import PromptConfig, chat_messages, render_prompt
 from components.settings import ConfigError
 from components.structure import TagIds
@@ -87,6 +87,7 @@ from components.training.verl.plugins.names import (
     SCHEMA_ENV,
 )
 from components.training.verl.plugins.reward import TagKeepingRewardManager
+from components.training.verl.ray_cluster import submit_stage_job
 
 PLUGIN_MODULE = PLUGIN_PACKAGE
 # verl loads the reward function by module (pkg://), not by a file path: a relative path resolves against each
@@ -932,23 +933,17 @@ def launch(stage: str, cfg: VerlJobConfig, dry_run: bool = False) -> int | None:
             )
         )
         return 0
-    if stage_cfg.SCHEMA is not None:
-        # its training problems come from its own data layer (Parallel-R1's), which the stage runs
-        print(f"error: {stage}'s job is written and submitted by its stage: run `npr stage {stage}`")
-        return 2
     if not stage_cfg.verl.ray_address:
         print(f"# {stage}: no verl.ray_address, so the stage starts its own Ray head and runs the job")
         return None
-    io = stage_io(stage)
-    run_dir = Path(cfg.run.artifacts_dir) / stage / "work" / "verl"
-    command, path = prepare_launch(
-        stage,
-        cfg,
-        io.input(f"{stage_cfg.init_from}/model"),
-        io.input("sample_orz/problems"),
-        run_dir,
-        write=True,
-    )
-    print(f"# overrides written to {path}")
-    print(shlex.join(command))
-    return subprocess.call(command)
+    # The cluster reproduces the whole stage, exactly as the pipeline's npr-stage flow submits it
+    # (infra/ray/job.yaml): inputs pulled from the DVC remote there, files under verl.shared_dir, outputs and
+    # run-cache pushed back. Overrides built here would name this machine's paths, which no node has.
+    run_id = f"manual-{time.strftime('%Y%m%d-%H%M%S')}"
+    work = Path(cfg.run.artifacts_dir) / stage / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    print(f"# submitting {stage} to {stage_cfg.verl.ray_address} as npr-{stage}-{run_id} (infra/ray/job.yaml)")
+    done = submit_stage_job(stage, load_spec(RAY_JOB_SPEC), run_id, stage_cfg.verl.ray_address, work)
+    if done.returncode == 0:
+        print(f"# {stage} ran on the cluster; its outputs are on the DVC remote: `dvc pull {stage}` brings them here")
+    return done.returncode

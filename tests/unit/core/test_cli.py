@@ -157,6 +157,37 @@ def test_the_verl_launch_without_a_cluster_runs_the_stage_in_process(checkout: P
     assert not (checkout / "artifacts" / "npr_zero" / "work").exists()
 
 
+def test_the_verl_launch_on_a_cluster_submits_the_stage_as_the_pipeline_does(checkout: Path, monkeypatch) -> None:
+    """With verl.ray_address the cluster reproduces the stage (infra/ray/job.yaml: dvc repro --pull there,
+    push back), as the npr-stage flow submits it; no command naming this machine's paths is submitted."""
+    import subprocess
+
+    from components.artifacts import write_shards
+    from components.config import materialise_profile
+    from components.data.synthetic import generate_problems
+
+    problems = checkout / "artifacts" / "sample_orz" / "problems"
+    write_shards(problems, [dict(p, split="train") for p in generate_problems(4, seed=1)], 1, stem="train")
+    write_shards(problems, [dict(p, split="test") for p in generate_problems(2, seed=2)], 1, stem="test")
+    cluster = ["papo_rl.verl.ray_address=http://head:8265", "papo_rl.verl.shared_dir=/fsx"]
+    materialise_profile("tiny", cluster, dest=checkout / "params.yaml")
+    shutil.copytree(REPO / "infra" / "ray", checkout / "infra" / "ray")  # the job spec, as a checkout has it
+    submitted: list[list[str]] = []
+
+    def run(argv, env, timeout, check):
+        submitted.append(argv)
+        return subprocess.CompletedProcess(argv, 0)
+
+    monkeypatch.setattr(subprocess, "run", run)
+    result = _invoke("verl", "launch", "papo_rl")
+    assert result.exit_code == 0, result.output
+    [argv] = submitted
+    assert argv[1:3] == ["job", "submit"] and argv[argv.index("--address") + 1] == "http://head:8265"
+    assert "dvc repro --pull --single-item papo_rl" in argv[-1]
+    assert str(checkout) not in " ".join(argv[argv.index("--") :])
+    assert "dvc pull papo_rl" in result.output
+
+
 def test_seed_build_is_an_npr_command_with_the_tiny_recipe(monkeypatch, tmp_path: Path) -> None:
     """`npr seed build` (no `python -m` entry inside components/): the tiny profile's `seed` recipe, with its
     overrides, the output and work dirs, the step override and the thread count passed through."""
