@@ -14,7 +14,12 @@
   Ctrl-C) sends SIGTERM to the whole group, then SIGKILL after a grace period. A fresh server per
   checkpoint, so nothing samples a stale model (e.g. NPR-Zero's server after ``npr_zero`` retrained).
 - ``server: attach`` uses the server at ``generation.server_url`` (started elsewhere), after the same
-  health and model checks.
+  health check and a check of the weights it serves: a path proves nothing across machines (the server
+  resolves its ``model_path`` in its own directory, which may hold another version of that checkpoint), so
+  an SGLang server is named by its weights: started with ``--weight-version <the checkpoint's DVC md5>``
+  (what dvc.lock records; ``launch`` does this itself), and the client compares that with the md5 of the
+  checkpoint it samples (``checkpoint_fingerprint``). vLLM has no such field; its attach still compares
+  the path.
 
 ``check_context_length`` is the static check both run before any work: every prompt plus
 ``max_new_tokens`` must fit the server's context length (the server rejects the request otherwise).
@@ -55,6 +60,7 @@ from components.ops.launch import (
     server_command,
     with_isolated_merge,
 )
+from components.storage import dvc_md5
 
 STOP_GRACE_S = 30.0
 
@@ -230,6 +236,21 @@ def vllm_model_info(url: str) -> tuple[str, int | None]:
     return str(models[0]["root"]), int(length) if length is not None else None
 
 
+def checkpoint_fingerprint(model_dir: Path | str) -> str:
+    """The DVC md5 of a checkpoint directory (``<hex>.dir``, what dvc.lock records for the stage output):
+    the name an SGLang server is given for the weights it serves (``--weight-version``)."""
+    return str(dvc_md5(model_dir)["md5"])
+
+
+def served_weights(url: str) -> str:
+    """The ``weight_version`` the SGLang server at ``url`` reports (``/get_model_info``; "default" unless it
+    was started with ``--weight-version``)."""
+    status, body = _get(f"{url}/get_model_info")
+    if status != 200:
+        raise ServerError(f"{url}/get_model_info answered HTTP {status}")
+    return str(json.loads(body).get("weight_version"))
+
+
 def model_of(url: str, api: ServerAPI) -> str:
     """The checkpoint the server at ``url`` loaded."""
     return vllm_model_info(url)[0] if api.kind is VLLM else served_model(url)
@@ -289,6 +310,8 @@ def launched(
     api = server_api(gen_cfg)
     port = free_port()
     spec = server_spec(gen_cfg, model_dir, port, spec_path)
+    if api.kind is SGLANG and Path(model_dir).is_dir():  # named by its weights: attachable (``attached``)
+        spec["weight_version"] = checkpoint_fingerprint(model_dir)
     python = ensure_interpreter(spec)  # a locked environment of its own (vLLM): installed on first use
     try:
         argv = server_command(api.kind, spec, python)
@@ -321,6 +344,17 @@ def attached(
     """Use a server started elsewhere, after checking it is healthy and serves ``model_dir``."""
     url = url.rstrip("/")
     wait_healthy(url, timeout_s, api=api)
+    if api.kind is SGLANG:
+        served, wanted = served_weights(url), checkpoint_fingerprint(model_dir)
+        if served != wanted:
+            raise ServerError(
+                f"the SGLang server at {url} serves weights {served!r} (its --weight-version), not "
+                f"{wanted!r}, the DVC md5 of the checkpoint {model_dir} this stage samples; start it on this "
+                f"checkpoint with --weight-version {wanted} (infra/k8s/sglang-server.yaml: NPR_SERVE_MD5) "
+                "or use generation.server: launch"
+            )
+        yield url
+        return
     served = model_of(url, api)
     if not _same_model(served, model_dir):
         raise ServerError(

@@ -41,6 +41,9 @@ SGLANG_FLAGS = {
     "random_seed": "--random-seed",
     "attention_backend": "--attention-backend",
     "page_size": "--page-size",
+    # the name of the weights it serves, reported by /model_info (components.engine.serving: the checkpoint's
+    # DVC md5, which an attaching client checks)
+    "weight_version": "--weight-version",
 }
 SGLANG_SWITCHES = {
     "trust_remote_code": "--trust-remote-code",

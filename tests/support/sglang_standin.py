@@ -243,7 +243,7 @@ class StandIn:
             "id": rid,
             "finish_reason": finish,
             "prompt_tokens": n_in,
-            "weight_version": "default",
+            "weight_version": self.args.weight_version,
             "completion_tokens": len(answer.token_ids),
             "cached_tokens": cached,
             "e2e_latency": time.perf_counter() - tic,
@@ -272,7 +272,7 @@ class StandIn:
             "tokenizer_path": self.args.model_path,
             "is_generation": True,
             "preferred_sampling_params": None,
-            "weight_version": "default",
+            "weight_version": self.args.weight_version,
             "has_image_understanding": False,
             "has_audio_understanding": False,
             "model_type": "qwen3",
@@ -398,6 +398,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--enable-deterministic-inference", action="store_true")
     p.add_argument("--skip-server-warmup", action="store_true")
     p.add_argument("--api-key")
+    p.add_argument("--weight-version", default="default")
     return p.parse_args(argv)
 
 

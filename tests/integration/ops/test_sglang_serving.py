@@ -143,13 +143,31 @@ def test_server_failures_are_clear_errors(world, server, fault: str, message: st
     assert len(generate(None, tok, _prompts(tok, 1), seq)) == 1  # the server itself is fine
 
 
-def test_attach_refuses_a_server_of_another_checkpoint(world, server, tmp_path: Path) -> None:
-    _, path = world
+def test_attach_checks_the_served_weights_not_a_path(world, server, tmp_path: Path, monkeypatch) -> None:
+    """The server is named by its checkpoint's DVC md5 (--weight-version): the same weights anywhere are
+    accepted; another checkpoint that the client finds under the very relative path the server reports
+    (the server resolved it in its own directory, as the k8s server does with artifacts/<stage>/model) is
+    refused, where comparing the paths accepted it."""
+    import shutil
+
+    tok, path = world
     served, _ = server
     with attached(served.server_url, path) as same:
         assert same == served.server_url
-    with pytest.raises(SGLangServerError, match="not the checkpoint"), attached(served.server_url, tmp_path):
-        pass
+    server_dir, client_dir = tmp_path / "server", tmp_path / "client"
+    shutil.copytree(path, server_dir / "model")
+    other_model, _ = tiny_test_world(seed=1)
+    other_model.save_pretrained(client_dir / "model")
+    tok.save_pretrained(client_dir / "model")
+    monkeypatch.chdir(server_dir)
+    cfg = _cfg(_spec(tmp_path), max_new_tokens=8, batch_size=1)
+    repo = str(Path(__file__).resolve().parents[3])  # the stand-in's module, from the server's own directory
+    with launched(Path("model"), cfg, tmp_path / "logs", env={"PYTHONPATH": repo}) as url:
+        monkeypatch.chdir(client_dir)
+        with attached(url, path):  # the same weights, another path
+            pass
+        with pytest.raises(SGLangServerError, match="serves weights .* not .*DVC md5"), attached(url, Path("model")):
+            pass
     attach_cfg = served.model_copy(update={"server": "attach"})
     assert context_length_for(attach_cfg) == 256 == context_length_for(served)
 

@@ -138,3 +138,31 @@ def test_a_forwarded_url_without_its_remote_name_is_refused(tmp_path: Path) -> N
         ["bash", str(CHECKOUT_SH)], cwd=tmp_path, env={**os.environ, **env}, capture_output=True, text=True
     )
     assert proc.returncode == 2 and "without NPR_DVC_REMOTE" in proc.stderr
+
+
+def test_the_k8s_server_pulls_the_checkpoint_named_by_its_md5(repo: Path, tmp_path: Path) -> None:
+    """infra/k8s/sglang-server.yaml's init container, run as written: a .dvc file of NPR_SERVE_MD5 (the
+    pipeline's dvc.lock entry) pulled from the S3 remote, whatever dvc.lock the image holds."""
+    import yaml
+
+    result = CliRunner().invoke(app, ["storage", "init", "s3://serve-bucket/store"])
+    assert result.exit_code == 0, (result.output, result.exception)
+    run([str(VENV_BIN / "dvc"), "repro", "-q"], repo, env={"NPR_TEST_RUN_LOG": str(tmp_path / "runs.log")})
+    run([str(VENV_BIN / "dvc"), "push", "-q"], repo)
+    lock = yaml.safe_load((repo / "dvc.lock").read_text())
+    md5 = next(o["md5"] for o in lock["stages"]["train"]["outs"] if o["path"] == "artifacts/train/model")
+    run(["git", "add", "-A"], repo)
+    run(["git", "commit", "-qm", "project"], repo)
+    image = tmp_path / "image"  # the image's checkout: another dvc.lock, no cache, no outputs
+    run(["git", "clone", "-q", str(repo), str(image)], tmp_path)
+    (image / ".dvc" / "config.local").write_text((repo / ".dvc" / "config.local").read_text())
+    (image / "dvc.lock").write_text("schema: '2.0'\nstages: {}\n")
+    manifest = next(yaml.safe_load_all((CHECKOUT_SH.parents[2] / "infra/k8s/sglang-server.yaml").read_text()))
+    init = manifest["spec"]["template"]["spec"]["initContainers"][0]
+    (image / init["volumeMounts"][0]["mountPath"].removeprefix("/opt/npr/")).mkdir(parents=True)
+    run(init["command"], image, env={"NPR_SERVE_MD5": md5})
+    assert (image / "artifacts/served/model/weights.bin").read_bytes() == (
+        repo / "artifacts/train/model/weights.bin"
+    ).read_bytes()
+    missing = subprocess.run(init["command"], cwd=image, env={**os.environ, "NPR_SERVE_MD5": ""})
+    assert missing.returncode != 0  # no md5 given: the pod fails instead of serving nothing

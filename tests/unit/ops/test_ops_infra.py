@@ -171,7 +171,11 @@ def test_sglang_command_renders_the_spec_and_matches_the_k8s_server() -> None:
     assert argv[argv.index("--model-path") + 1] == "artifacts/npr_zero/model"
     container = next(yaml.safe_load_all((INFRA / "k8s" / "sglang-server.yaml").read_text()))
     container = container["spec"]["template"]["spec"]["containers"][0]
-    assert [*container["command"], *container["args"]] == argv
+    # on k8s: the checkpoint pulled by its md5 (NPR_SERVE_MD5) and reported as the served weights' version
+    k8s = {**spec, "model_path": "artifacts/served/model", "weight_version": "$(NPR_SERVE_MD5)"}
+    assert [*container["command"], *container["args"]] == sglang_server_command(
+        k8s, env={spec["api_key_env"]: f"$({spec['api_key_env']})"}
+    )
     with pytest.raises(LaunchSpecError, match="unknown"):
         sglang_server_command({**spec, "tp": 2})
     with pytest.raises(LaunchSpecError, match="model_path"):
