@@ -109,14 +109,18 @@ def config_show(
 def config_check(
     profile: Annotated[str | None, typer.Option(help="Check this profile instead of params.yaml")] = None,
     set_: SetOpt = None,
+    gpu: Annotated[
+        str | None, typer.Option(help="Plan against this GPU kind of infra/gpus.yaml, not the declared one")
+    ] = None,
 ) -> None:
     """Every static check of a profile: validation splits, memory plan per stage and GPU, context
     lengths, GPU counts per stage, Ray placement. Exits 1 when any check fails."""
     from components.config_check import check_profile  # lazy: torch
 
     cfg = _load(profile, set_)
-    rows = check_profile(cfg)
-    table = Table(title=f"npr config check: profile {cfg.profile}", show_lines=False)
+    rows = check_profile(cfg, gpu)
+    on = f" on {gpu}" if gpu else ""
+    table = Table(title=f"npr config check: profile {cfg.profile}{on}", show_lines=False)
     for column in ("check", "stage", "result", "detail"):
         table.add_column(column, overflow="fold")
     for row in rows:
@@ -124,8 +128,18 @@ def config_check(
     Console(width=160).print(table)
     failed = [r for r in rows if not r.ok]
     if failed:
-        _fail(f"{len(failed)} of {len(rows)} checks failed for profile {cfg.profile}", 1)
-    typer.echo(f"all {len(rows)} checks passed for profile {cfg.profile}")
+        _fail(f"{len(failed)} of {len(rows)} checks failed for profile {cfg.profile}{on}", 1)
+    typer.echo(f"all {len(rows)} checks passed for profile {cfg.profile}{on}")
+
+
+@config_app.command("estimate")
+def config_estimate() -> None:
+    """Every GPU profile on every GPU kind of infra/gpus.yaml: each stage's estimated hours and memory
+    headroom, as the markdown table README.md carries."""
+    from components.config import gpu_profiles  # lazy: torch
+    from components.config_check import estimate_table  # lazy: torch
+
+    typer.echo(estimate_table([_load(name) for name in gpu_profiles()]), nl=False)
 
 
 @config_app.command("use")

@@ -1,7 +1,8 @@
 """The one typed model of params.yaml, profile materialisation and key-path error reporting.
 
-params.yaml is the resolved config of the active profile (``configs/<profile>.yaml``); DVC tracks its keys
-per stage. ``npr config use PROFILE`` rewrites params.yaml from the profile file.
+params.yaml is the resolved config of the active profile (``configs/<profile>.yaml``; a profile that starts
+with ``base: OTHER`` is deep-merged over that profile first: ``read_profile``); DVC tracks its keys per stage.
+``npr config use PROFILE`` rewrites params.yaml from the profile file.
 
 Validation has three layers, each naming the key it rejects (``ConfigError``): types and ranges per field
 (``components.settings.StrictModel``: no bool-as-int, no string-as-number); cross-field rules of the config
@@ -448,12 +449,81 @@ def read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
-def profile_path(profile: str) -> Path:
-    path = CONFIGS_DIR / f"{profile}.yaml"
+def profile_path(profile: str, configs_dir: Path | None = None) -> Path:
+    configs_dir = configs_dir or CONFIGS_DIR
+    path = configs_dir / f"{profile}.yaml"
     if not path.exists():
-        known = sorted(p.stem for p in CONFIGS_DIR.glob("*.yaml"))
+        known = sorted(p.stem for p in configs_dir.glob("*.yaml"))
         raise ConfigError(f"unknown profile {profile!r}; known profiles: {', '.join(known)}")
     return path
+
+
+# A profile file may start from another: ``base: qwen3-4b`` at its top level deep-merges the file over the
+# base profile (itself possibly an overlay). Hardware variants of one recipe (8xH100, one GPU, a CPU
+# rehearsal) then say only what they change, and the merged result is validated like any profile.
+BASE_KEY = "base"
+
+
+def deep_merge(base: dict[str, Any], overlay: dict[str, Any]) -> dict[str, Any]:
+    """``overlay`` over ``base``: mappings merge key by key, anything else (a value, a list) replaces the
+    base's whole, so a list in an overlay is the list (no element-wise merge to guess about)."""
+    out = dict(base)
+    for key, value in overlay.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def read_profile(profile: str, configs_dir: Path | None = None) -> dict[str, Any]:
+    """The profile's data with its ``base`` chain resolved (before validation). An overlay names itself
+    (``profile:`` equal to its file name, so params.yaml never carries the base's name); an unknown base,
+    a base that is not a name, or a cycle is a ConfigError naming the files."""
+    configs_dir = configs_dir or CONFIGS_DIR
+    chain: list[str] = []
+    data: dict[str, Any] | None = None
+    name = profile
+    layers: list[dict[str, Any]] = []
+    while True:
+        if name in chain:
+            raise ConfigError(f"profile {profile!r}: base cycle {' -> '.join([*chain, name])}")
+        chain.append(name)
+        path = profile_path(name, configs_dir)
+        layer = read_yaml(path)
+        layers.append(layer)
+        if BASE_KEY not in layer:
+            break
+        base = layer.pop(BASE_KEY)
+        if not isinstance(base, str) or not base:
+            raise ConfigError(
+                f"{path}: {BASE_KEY} must name a profile (a file in {configs_dir}), got {base!r}"
+            )
+        if layer.get("profile") != name:
+            raise ConfigError(
+                f"{path}: an overlay must name itself: set profile: {name} (it would inherit {base!r})"
+            )
+        if not (configs_dir / f"{base}.yaml").exists():
+            known = sorted(p.stem for p in configs_dir.glob("*.yaml"))
+            raise ConfigError(
+                f"{path}: unknown {BASE_KEY} profile {base!r}; known profiles: {', '.join(known)}"
+            )
+        name = base
+    for layer in reversed(layers):
+        data = layer if data is None else deep_merge(data, layer)
+    assert data is not None  # the loop read at least the profile's own file
+    return data
+
+
+def profile_names(configs_dir: Path | None = None) -> list[str]:
+    """Every profile (a file of ``configs/``, overlays included), sorted."""
+    return sorted(p.stem for p in (configs_dir or CONFIGS_DIR).glob("*.yaml"))
+
+
+def gpu_profiles(configs_dir: Path | None = None) -> list[str]:
+    """The profiles whose stages run on GPUs (``orchestration.gpu_stages`` not empty)."""
+    names = profile_names(configs_dir)
+    return [n for n in names if validate_config(read_profile(n, configs_dir), n).orchestration.gpu_stages]
 
 
 def load_config(
@@ -466,7 +536,7 @@ def load_config(
     workspace checks are relative to ``root``, by default the current directory: the checkout stages run
     in; a script run from elsewhere names the checkout)."""
     source = profile_path(profile) if profile else Path(path)
-    data = apply_overrides(read_yaml(source), overrides or [])
+    data = apply_overrides(read_profile(profile) if profile else read_yaml(source), overrides or [])
     cfg = validate_config(data, str(source))
     check_workspace(cfg, str(source), root)
     return cfg

@@ -5,7 +5,8 @@ applies); ``check_profile`` runs them all. What is checked:
 
 - **validation split**: the RL stages evaluate on the problems' test split (verl: ``data.val_files``),
   so ``sample_orz.test_n`` must be > 0 when an RL stage runs;
-- **memory plan**: each stage's plan per GPU (``components.training.memory``) against ``orchestration.gpu``;
+- **memory plan**: each stage's plan per GPU (``components.training.memory``) against ``orchestration.gpu``
+  (or ``--gpu KIND`` of ``infra/gpus.yaml``) with ``memory.MIN_HEADROOM`` of it left free;
 - **context length**: prompt bound + ``max_new_tokens`` within the model's positions, and within an SGLang
   server's ``context_length`` where a stage samples from one;
 - **GPU count**: what each stage's job asks the gpu pool for (``memory.gpus_for``, derived from the stage's
@@ -30,6 +31,7 @@ A prompt longer than ``<stage>.verl.max_prompt_length`` needs the data, so it is
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,7 +41,8 @@ import yaml
 from components.config import DECODE_KINDS, ConfigError, PipelineConfig, parallel_r1_stages, pipeline_stages
 from components.engine.backends.sglang_client import API_KEY_ENV
 from components.evaluation.config import EvaluateConfig
-from components.training import memory
+from components.ops.gpus import GpuCatalogue, load_gpu_catalogue
+from components.training import memory, time_estimate
 from components.training.config import RLStageConfig
 
 # The stage table is the config's (components.config): stage names live in dvc.yaml and its sections only,
@@ -74,6 +77,7 @@ def check_validation_split(cfg: PipelineConfig) -> list[Check]:
 
 
 def check_memory(cfg: PipelineConfig) -> list[Check]:
+    """Each stage's peak against ``orchestration.gpu`` with ``memory.MIN_HEADROOM`` of it left free."""
     gpu = cfg.orchestration.gpu
     capacity = memory.capacity_bytes(gpu)
     rows = []
@@ -85,7 +89,7 @@ def check_memory(cfg: PipelineConfig) -> list[Check]:
             continue
         if not plans:
             continue
-        found = memory.problems(plans, capacity, gpu.name)
+        found = memory.problems(plans, capacity, gpu.name, memory.MIN_HEADROOM)
         if found:
             rows.append(Check("memory plan", stage, False, "; ".join(found)))
         else:
@@ -96,7 +100,7 @@ def check_memory(cfg: PipelineConfig) -> list[Check]:
                     stage,
                     True,
                     f"peak {peak.total_bytes / memory.GIB:.1f} of {capacity / memory.GIB:.1f} GiB per "
-                    f"{gpu.name} ({peak.phase})",
+                    f"{gpu.name}, {memory.headroom(peak, capacity):.0%} headroom ({peak.phase})",
                 )
             )
     return rows
@@ -310,6 +314,83 @@ def check_checkpoint_disk(cfg: PipelineConfig) -> list[Check]:
     return rows
 
 
+def stage_estimates(cfg: PipelineConfig, catalogue: GpuCatalogue) -> dict[str, time_estimate.StageEstimate]:
+    """Each GPU stage's estimated wall time on the profile's GPU (``orchestration.gpu``, a kind of
+    ``infra/gpus.yaml``), by stage; empty for a profile without GPU stages."""
+    gpu = cfg.orchestration.gpu
+    out = {}
+    for stage in pipeline_stages():
+        if not memory.plan_stage(stage, cfg):
+            continue
+        estimate = time_estimate.estimate_stage(
+            stage, cfg, gpu, catalogue.kind(gpu.name), catalogue.time_model
+        )
+        if estimate is not None:
+            out[stage] = estimate
+    return out
+
+
+def check_time(cfg: PipelineConfig) -> list[Check]:
+    """Each GPU stage's estimated wall time (``components.training.time_estimate``), and its timeout
+    (``orchestration.task_timeout_s``) at least ``time_model.timeout_margin`` times that."""
+    catalogue = load_gpu_catalogue()
+    margin = catalogue.time_model.timeout_margin
+    rows = []
+    for stage, est in stage_estimates(cfg, catalogue).items():
+        timeout = cfg.orchestration.timeout_for(stage)
+        where = f"on {cfg.orchestration.gpu.name}"
+        if math.isnan(est.seconds):
+            rows.append(Check("time estimate", stage, False, f"no estimate {where}: {est.basis}"))
+            continue
+        need = math.ceil(est.seconds * margin)
+        ok = timeout >= need
+        detail = f"{est.hours:.1f} h {where} ({est.basis}); timeout {timeout / 3600:.1f} h"
+        if not ok:
+            detail += f" is below {margin}x the estimate: set orchestration.task_timeout_s.{stage} >= {need}"
+        rows.append(Check("time estimate", stage, ok, detail))
+    return rows
+
+
+def _peak_headroom(cfg: PipelineConfig, stage: str) -> float:
+    capacity = memory.capacity_bytes(cfg.orchestration.gpu)
+    return min(memory.headroom(p, capacity) for p in memory.plan_stage(stage, cfg))
+
+
+def estimate_table(configs: list[PipelineConfig], catalogue: GpuCatalogue | None = None) -> str:
+    """A markdown table: each GPU profile on each GPU kind of ``infra/gpus.yaml``, each GPU stage's
+    estimated hours and the memory headroom of its peak phase ("no fit" below ``memory.MIN_HEADROOM``),
+    and the sum of the hours (README's table is this output: ``npr config estimate``)."""
+    catalogue = catalogue or load_gpu_catalogue()
+    runs = [(cfg, on_gpu(cfg, kind, catalogue)) for cfg in configs for kind in catalogue.kinds]
+    runs = [
+        (declared, cfg) for declared, cfg in runs if any(memory.plan_stage(s, cfg) for s in pipeline_stages())
+    ]
+    stages = [s for s in pipeline_stages() if any(memory.plan_stage(s, cfg) for _, cfg in runs)]
+    lines = [
+        "| profile | GPUs | " + " | ".join(stages) + " | total h |",
+        "|---|---|" + "---|" * len(stages) + "---|",
+    ]
+    for declared, cfg in runs:
+        gpu = cfg.orchestration.gpu
+        estimates = stage_estimates(cfg, catalogue)
+        cells, total = [], 0.0
+        for stage in stages:
+            est, room = estimates.get(stage), _peak_headroom(cfg, stage)
+            if est is None:
+                cells.append("-")
+                continue
+            total += est.hours
+            fits = f"{room:.0%}" if room >= memory.MIN_HEADROOM else "no fit"
+            cells.append(f"{est.hours:.1f} h, {fits}")
+        mark = "" if gpu.name == declared.orchestration.gpu.name else " (not declared)"
+        lines.append(
+            f"| {cfg.profile} | {gpu.per_node} x {gpu.name}{mark} | "
+            + " | ".join(cells)
+            + f" | {total:.0f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 SGLANG_SERVER_MANIFEST = "infra/k8s/sglang-server.yaml"
 GPU_POOL_TEMPLATE = "infra/k8s/gpu-pool-template.json"
 
@@ -386,9 +467,21 @@ CHECKS = (
     check_verl,
     check_checkpoint_disk,
     check_sglang_api_key,
+    check_time,
 )
 
 
-def check_profile(cfg: PipelineConfig) -> list[Check]:
-    """Every static check of ``cfg`` (see the module docstring), in a stable order."""
+def on_gpu(cfg: PipelineConfig, kind: str, catalogue: GpuCatalogue | None = None) -> PipelineConfig:
+    """``cfg`` planned against GPU kind ``kind`` of ``infra/gpus.yaml`` instead of the one it declares (its
+    node layout, reserve and disk kept)."""
+    catalogue = catalogue or load_gpu_catalogue()
+    gpu = catalogue.spec(kind, cfg.orchestration.gpu)
+    return cfg.model_copy(update={"orchestration": cfg.orchestration.model_copy(update={"gpu": gpu})})
+
+
+def check_profile(cfg: PipelineConfig, gpu: str | None = None) -> list[Check]:
+    """Every static check of ``cfg`` (see the module docstring), in a stable order; ``gpu``: against that
+    GPU kind (``on_gpu``) instead of ``orchestration.gpu``."""
+    if gpu is not None:
+        cfg = on_gpu(cfg, gpu)
     return [row for check in CHECKS for row in check(cfg)]

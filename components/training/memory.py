@@ -16,6 +16,9 @@ Where the numbers come from (tests/unit/training/test_memory.py measures them on
   tensor by tensor (``layer_activation_bytes``: norms keep fp32 copies, a mask makes sdpa read keys and
   values repeated to every query head and a float copy of the mask per layer, L x L per row); with gradient
   checkpointing a layer keeps only its input and one layer is recomputed at a time;
+- verl's actor: during its update the whole sharded fp32 state (weights, gradients, AdamW moments) whatever
+  the offload settings, since verl's train-mode switch loads what is offloaded for the update
+  (``verl_train_mode_loads``); during the rollout only what is not offloaded;
 - logits: the trainers' chunked scorer (``components.training.token_logprobs``) holds one chunk of
   ``(C, V)`` logits; the torch engine holds one row of logits per sequence; verl's stock actor holds its
   micro-batch's ``(T, V)`` logits plus an fp32 working copy;
@@ -32,9 +35,13 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import shutil
+import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import torch
 import yaml
@@ -45,9 +52,10 @@ from components.models.config import ModelsConfig, SeedConfig
 from components.ops.config import GpuSpec, OrchestrationConfig
 from components.settings import RunConfig
 from components.structure.merge import MergeSemantics
-from components.training.config import RLStageConfig, SFTStageConfig
+from components.training.config import RLStageConfig, SFTStageConfig, VerlSettings
 from components.training.token_logprobs import DEFAULT_CHUNK_TOKENS
 
+SectionT = TypeVar("SectionT", bound=BaseModel)
 GIB = 2**30
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 DEFAULT_SGLANG_SPEC = "infra/sglang/server.yaml"
@@ -75,6 +83,8 @@ class PlanConfig(Protocol):
     def npr_zero(self) -> RLStageConfig: ...
 
     def section(self, stage: str) -> BaseModel | None: ...
+
+    def sections(self, kind: type[SectionT]) -> dict[str, SectionT]: ...
 
 
 # A stage's plan follows its section's type (components.config's stage table), not a list of names: the
@@ -288,6 +298,11 @@ class PhasePlan:
         return f"{self.total_bytes / GIB:.1f} GiB per GPU ({parts or 'all terms < 0.05 GiB'})"
 
 
+def headroom(plan: PhasePlan, capacity: int) -> float:
+    """The share of ``capacity`` a phase leaves free (negative: it does not fit)."""
+    return 1 - plan.total_bytes / capacity
+
+
 def capacity_bytes(gpu: GpuSpec) -> int:
     """Usable bytes of one GPU of ``orchestration.gpu`` (total minus the reserve)."""
     return int((gpu.memory_gib - gpu.reserved_gib) * GIB)
@@ -413,6 +428,58 @@ def _local_rl_plans(stage: str, sc: RLStageConfig, cfg: PlanConfig, shape: Model
     return [rollout, update]
 
 
+# The parts of a verl actor's fp32 state, sharded by FSDP: parameters (4 bytes each), their gradients (4) and
+# AdamW's two moments (8).
+VERL_ACTOR_STATE = frozenset({"params", "grads", "optimizer"})
+_STATE_BYTES = {"params": 4, "grads": 4, "optimizer": 8}
+_STATE_NAMES = {
+    "params": ("sharded fp32 weights", "param_offload: true"),
+    "grads": ("sharded fp32 gradients", "param_offload: true"),
+    "optimizer": ("sharded AdamW state", "optimizer_offload: true"),
+}
+
+
+def verl_train_mode_loads(param_offload: bool, optimizer_offload: bool) -> frozenset[str]:
+    """What verl 0.9.1's train-mode context switch moves onto the GPU when the actor update starts
+    (``workers/engine/base.py: BaseEngineCtx._context_switch`` -> ``FSDPEngine.to``): the model with its
+    gradients when parameters are offloaded, the optimizer state when it is (tests drive verl's own code)."""
+    loads = {"params", "grads"} if param_offload else set()
+    return frozenset(loads | ({"optimizer"} if optimizer_offload else set()))
+
+
+def verl_update_resident(param_offload: bool, optimizer_offload: bool) -> frozenset[str]:
+    """The fp32 state resident during the update: what the switch loads plus what was never offloaded, i.e.
+    all of it (offload frees the GPU for the rollout, not for the update)."""
+    never_offloaded = verl_train_mode_loads(not param_offload, not optimizer_offload)
+    return verl_train_mode_loads(param_offload, optimizer_offload) | never_offloaded
+
+
+def verl_state_terms(params: int, ranks: int, parts: frozenset[str], knob: str | None = None) -> list[Term]:
+    """One term per resident part of the actor's fp32 state, FSDP-sharded over ``ranks``; with ``knob``
+    (``<stage>.verl``) each names the offload setting that frees it (outside the update; during the update
+    no setting does)."""
+    return [
+        Term(
+            _STATE_NAMES[part][0],
+            _STATE_BYTES[part] * params // ranks,
+            f"{knob}.{_STATE_NAMES[part][1]}" if knob else "",
+        )
+        for part in ("params", "grads", "optimizer")
+        if part in parts
+    ]
+
+
+def _verl_batch_fix(stage: str, v: VerlSettings, seq: int) -> str:
+    """The setting that shrinks a verl micro-batch's activations and logits and can still move: the tokens
+    or rows per micro-batch while above one sequence, else the response length (the recipe changes)."""
+    knob = f"{stage}.verl"
+    if v.use_dynamic_bsz and v.max_token_len_per_gpu > seq:
+        return f"lower {knob}.max_token_len_per_gpu"
+    if not v.use_dynamic_bsz and v.micro_batch_size_per_gpu > 1:
+        return f"lower {knob}.micro_batch_size_per_gpu"
+    return f"lower {stage}.max_new_tokens (the responses trained on; {knob}.micro_batch_size_per_gpu is at 1)"
+
+
 def _verl_plans(
     stage: str, sc: RLStageConfig, cfg: PlanConfig, shape: ModelShape, gpu: GpuSpec
 ) -> list[PhasePlan]:
@@ -422,14 +489,9 @@ def _verl_plans(
     # the NPR actor under reread runs on laid-out rows: up to one response longer than verl packed them
     seq = v.max_prompt_length + sc.max_new_tokens + reread_tokens(cfg.merge_semantics, sc, sc.max_new_tokens)
     knob = f"{stage}.verl"
-    # actor update (FSDP over every GPU): fp32 shards on the GPU unless offloaded to the host
-    state = []
-    if not v.param_offload:
-        state.append(Term("sharded fp32 weights and gradients", 8 * p // n, f"{knob}.param_offload: true"))
-    else:
-        state.append(Term("sharded fp32 gradients", 4 * p // n, f"{knob}.param_offload"))
-    if not v.optimizer_offload:
-        state.append(Term("sharded AdamW state", 8 * p // n, f"{knob}.optimizer_offload: true"))
+    # actor update (FSDP over every GPU): verl's train-mode switch loads what is offloaded for the whole
+    # update, so every part of the fp32 state is resident then (``verl_update_resident``)
+    state = verl_state_terms(p, n, verl_update_resident(v.param_offload, v.optimizer_offload))
     state.append(
         Term(
             "gathered bf16 layers and embeddings", 2 * 2 * shape.layer_params + 2 * shape.embedding_params, ""
@@ -447,10 +509,17 @@ def _verl_plans(
         for t in training_activation_terms(shape, fwd, 2, v.gradient_checkpointing, f"{stage}.max_new_tokens")
         if not t.name.startswith("logits")
     ]
-    fix = f"{knob}.max_token_len_per_gpu" if v.use_dynamic_bsz else f"{knob}.micro_batch_size_per_gpu"
-    acts = [Term(t.name, t.bytes, f"{knob}.gradient_checkpointing: true or lower {fix}") for t in acts]
+    fix = _verl_batch_fix(stage, v, seq)
+    acts = [
+        Term(
+            t.name,
+            t.bytes,
+            fix if v.gradient_checkpointing else f"{knob}.gradient_checkpointing: true or {fix}",
+        )
+        for t in acts
+    ]
     # verl's stock actor: the micro-batch's bf16 logits and an fp32 working copy for log-probs/entropy
-    logits = Term("logits (T x V, bf16 + fp32)", rows * seq_len * shape.vocab * 6, f"lower {fix}")
+    logits = Term("logits (T x V, bf16 + fp32)", rows * seq_len * shape.vocab * 6, fix)
     actor = PhasePlan(stage, f"verl actor update (FSDP over {n} GPUs)", n, state + acts + [logits])
     # rollout: SGLang takes gpu_memory_utilization of each GPU for weights + KV pool (actor state offloaded)
     tp = v.rollout_tp
@@ -458,6 +527,10 @@ def _verl_plans(
     pool = int(gpu.memory_gib * GIB * v.gpu_memory_utilization) - weights
     kv_per_token = shape.kv_bytes_per_token(2) // min(tp, shape.kv_heads)
     pool_tokens = max(0, pool) // kv_per_token
+    # outside the update the actor keeps on the GPU only what is not offloaded
+    kept = verl_state_terms(
+        p, n, VERL_ACTOR_STATE - verl_train_mode_loads(v.param_offload, v.optimizer_offload), knob
+    )
     rollout = PhasePlan(
         stage,
         f"verl rollout (SGLang, TP {tp})",
@@ -468,6 +541,7 @@ def _verl_plans(
                 int(gpu.memory_gib * GIB * v.gpu_memory_utilization),
                 f"{knob}.gpu_memory_utilization",
             ),
+            *kept,
         ],
         [f"KV pool {max(0, pool) / GIB:.1f} GiB = {pool_tokens} tokens per TP group"],
         requirement=None
@@ -495,7 +569,8 @@ def _decode_plans(
     prompt = prompt_bound(cfg)
     knob = f"{stage}.generation"
     if gen.backend == "sglang":
-        spec = sglang_spec(gen)
+        # the stage's server_args override the spec's keys (components.engine.serving), the plan's too
+        spec = {**sglang_spec(gen), **dict(getattr(gen, "server_args", {}) or {})}
         tp, dp = int(spec.get("tp_size", 1)), int(spec.get("dp_size", 1))
         fraction = float(spec.get("mem_fraction_static", 0.85))
         context = int(spec.get("context_length", prompt + gen.max_new_tokens))
@@ -573,39 +648,121 @@ def uses_gpu(cfg: PlanConfig) -> bool:
     return cfg.run.device in ("cuda", "auto")
 
 
-def problems(plans: list[PhasePlan], capacity: int, gpu_name: str) -> list[str]:
-    """One sentence per phase that does not fit ``capacity`` bytes or misses its requirement."""
+# The share of a GPU's usable memory (total minus ``reserved_gib``) a profile's plan leaves free before
+# `npr config check` passes it: the plans are estimates (tests/unit/training/test_memory.py measures them
+# on CPU), so a plan within 10% of the device is refused there as a guess too close to call.
+MIN_HEADROOM = 0.10
+
+
+def problems(plans: list[PhasePlan], capacity: int, gpu_name: str, headroom: float = 0.0) -> list[str]:
+    """One sentence per phase that does not fit ``capacity`` bytes less ``headroom`` of it, or misses its
+    requirement; the fix named is the largest term's setting that can still move."""
     out = []
+    limit = int(capacity * (1 - headroom))
     for plan in plans:
-        if plan.total_bytes > capacity:
-            big = plan.largest()
+        if plan.total_bytes > limit:
+            big = max((t for t in plan.terms if t.setting), key=lambda t: t.bytes, default=plan.largest())
+            room = f" less {headroom:.0%} headroom = {limit / GIB:.1f} GiB" if headroom else ""
             out.append(
                 f"{plan.stage} ({plan.phase}) needs {plan.describe()}, but one {gpu_name} offers "
-                f"{capacity / GIB:.1f} GiB: the largest part is {big.name} ({big.bytes / GIB:.1f} GiB); "
-                f"to fit, change {big.setting or 'the GPU type (orchestration.gpu)'}"
+                f"{capacity / GIB:.1f} GiB{room}: the largest part that a setting shrinks is {big.name} "
+                f"({big.bytes / GIB:.1f} GiB); to fit, change {big.setting or 'the GPU type (orchestration.gpu)'}"
             )
         if plan.requirement:
             out.append(f"{plan.stage} ({plan.phase}): {plan.requirement}")
     return out
 
 
+@dataclass(frozen=True)
+class DeviceReport:
+    """What the machine a stage runs on reports of its GPUs: device 0's name and total memory, and how many
+    devices the stage's process sees."""
+
+    name: str
+    total_bytes: int
+    count: int
+
+
+def _read_nvidia_smi() -> DeviceReport | None:
+    """The GPUs through ``nvidia-smi`` (no CUDA context in this process, which stays alive beside verl's
+    and SGLang's workers for the whole stage); None where it is missing or fails."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run(
+            [exe, "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=NVIDIA_SMI_TIMEOUT_S,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    rows = [line.rsplit(",", 1) for line in out.strip().splitlines() if "," in line]
+    if not rows:
+        return None
+    name, mib = rows[0]
+    return DeviceReport(name.strip(), int(float(mib)) * 2**20, len(rows))
+
+
+NVIDIA_SMI_TIMEOUT_S = 30
+
+
+def read_device() -> DeviceReport | None:
+    """The GPUs this process would use: ``nvidia-smi``'s report, else torch's (CUDA), else None (no GPU)."""
+    report = _read_nvidia_smi()
+    if report is not None or not torch.cuda.is_available():
+        return report
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return DeviceReport(props.name, props.total_memory, torch.cuda.device_count())
+
+
+# How far below the declared memory a device may report before it is not the declared GPU (drivers and ECC
+# settings move the total by a few hundred MiB; a MIG slice or a smaller card is off by far more).
+DEVICE_MEMORY_TOLERANCE_GIB = 1.0
+
+
+def device_mismatch(report: DeviceReport, gpu: GpuSpec, gpus_needed: int) -> str | None:
+    """Why the device is not what the profile declares (``orchestration.gpu``), or None: its name must
+    contain the declared one as a word (``H100`` in ``NVIDIA H100 80GB HBM3``), its memory be no less
+    than declared, and there be as many devices as the stage's job needs."""
+    named = re.search(rf"(?<![A-Za-z0-9]){re.escape(gpu.name)}(?![A-Za-z0-9])", report.name, re.IGNORECASE)
+    found = []
+    if not named:
+        found.append(f"the device is a {report.name}, the profile declares {gpu.name}")
+    gib = report.total_bytes / GIB
+    if gib < gpu.memory_gib - DEVICE_MEMORY_TOLERANCE_GIB:
+        found.append(f"the device has {gib:.1f} GiB, the profile declares {gpu.memory_gib:.1f} GiB")
+    if report.count < gpus_needed:
+        found.append(f"{report.count} device(s) visible, the stage's job needs {gpus_needed}")
+    if not found:
+        return None
+    return (
+        "; ".join(found)
+        + ": run a profile declaring this GPU (orchestration.gpu; `npr config check --gpu KIND` plans one)"
+    )
+
+
 def check_stage(
-    stage: str, cfg: PlanConfig, model_dir: str | Path | None = None, device: Any = None
+    stage: str,
+    cfg: PlanConfig,
+    model_dir: str | Path | None = None,
+    device: DeviceReport | None = None,
 ) -> list[PhasePlan]:
     """Raise ``MemoryPlanError`` (naming the setting) when ``stage`` cannot fit; returns its plan.
 
-    ``device``: a CUDA device to check against (its real memory; at stage start), else the profile's
-    declared ``orchestration.gpu``.
+    ``device``: the GPU the stage got (at stage start): the plan is made against its real memory, and a
+    device that is not the declared ``orchestration.gpu`` is refused; else the declared GPU.
     """
     gpu = cfg.orchestration.gpu
-    capacity = capacity_bytes(gpu)
-    name = gpu.name
     if device is not None:
-        props = torch.cuda.get_device_properties(device)
-        capacity = int(props.total_memory - gpu.reserved_gib * GIB)
-        name = props.name
-    plans = plan_stage(stage, cfg, model_dir)
-    found = problems(plans, capacity, name)
+        mismatch = device_mismatch(device, gpu, gpus_for(stage, cfg))
+        if mismatch:
+            raise MemoryPlanError(f"{stage}: {mismatch}")
+        gpu = gpu.model_copy(update={"name": device.name, "memory_gib": device.total_bytes / GIB})
+    plans = plan_stage(stage, cfg, model_dir, gpu)
+    found = problems(plans, capacity_bytes(gpu), gpu.name)
     if found:
         raise MemoryPlanError("; ".join(found))
     return plans
@@ -621,14 +778,20 @@ def init_model_dir(section: BaseModel | None, io: Any) -> Path | None:
     return path if path is not None and Path(path).is_dir() else None
 
 
-def check_before_run(stage: str, cfg: PlanConfig, io: Any) -> None:
-    """What a stage calls before any work (``components.stages.run_stage``): its plan against the GPU it
-    got (a local CUDA run) or the declared ones (verl and SGLang stages, whose GPUs are a cluster's)."""
+def check_before_run(
+    stage: str, cfg: PlanConfig, io: Any, read: Callable[[], DeviceReport | None] = read_device
+) -> None:
+    """What a stage calls before any work (``components.stages.run_stage``): its plan against the GPU the
+    machine reports (``read``), for every stage that uses one (local CUDA work, verl, SGLang). With no GPU
+    visible, local work runs on the CPU (no plan), and a verl or SGLang stage, whose GPUs are then a Ray
+    cluster's or a server's elsewhere, is planned against the declared ``orchestration.gpu``."""
     section = cfg.section(stage)
     external = _uses_verl(section) or _serves_with_sglang(section)
-    device = None
-    if not external:
-        if not uses_gpu(cfg) or not torch.cuda.is_available():
-            return  # CPU work: no device memory to plan (the tiny profile)
-        device = torch.device("cuda", torch.cuda.current_device())
+    if not external and not uses_gpu(cfg):
+        return  # CPU work: no device memory to plan (the tiny profile)
+    if not plan_stage(stage, cfg):
+        return  # a stage with no GPU work (a data stage, a hub seed, verl on the CPU platform)
+    device = read()
+    if device is None and not external:
+        return  # a CUDA profile's local stage on a machine without a GPU runs on the CPU
     check_stage(stage, cfg, init_model_dir(section, io), device)

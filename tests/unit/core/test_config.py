@@ -14,8 +14,11 @@ from components.config import (
     validate_config,
 )
 
+# every profile file, overlays included (configs/*.yaml)
+PROFILES = sorted(p.stem for p in (Path(__file__).resolve().parents[3] / "configs").glob("*.yaml"))
 
-@pytest.mark.parametrize("profile", ["tiny", "qwen3-4b"])
+
+@pytest.mark.parametrize("profile", PROFILES)
 def test_profiles_validate(in_repo: Path, profile: str) -> None:
     cfg = load_config(profile=profile)
     assert cfg.profile == profile

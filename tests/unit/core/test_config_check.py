@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from typer.testing import CliRunner
 
@@ -9,13 +11,16 @@ from components.cli import app
 from components.config import load_config
 from components.config_check import check_profile
 
+# every profile file, overlays included (configs/*.yaml)
+PROFILES = sorted(p.stem for p in (Path(__file__).resolve().parents[3] / "configs").glob("*.yaml"))
+
 
 def _failures(profile: str, overrides: list[str] | None = None) -> list[str]:
     cfg = load_config(profile=profile, overrides=overrides or [])
     return [f"{r.check}/{r.stage}: {r.detail}" for r in check_profile(cfg) if not r.ok]
 
 
-@pytest.mark.parametrize("profile", ["tiny", "qwen3-4b"])
+@pytest.mark.parametrize("profile", PROFILES)
 def test_every_profile_passes_every_check(profile):
     assert _failures(profile) == []
 
@@ -31,6 +36,7 @@ def test_the_checks_cover_what_a_gpu_run_needs():
         "verl validation",
         "checkpoint disk",
         "SGLang API key",
+        "time estimate",
     }
     assert all(r.ok for r in rows), [r for r in rows if not r.ok]
     assert {r.stage for r in rows if r.check == "verl validation"} == {"npr_zero", "papo_rl", "sr_rl", "pr1_rl"}
