@@ -9,8 +9,11 @@ tokenizers, safetensors, accelerate; no network, 64 MiB carried per call), from 
     python benchmarks/smoke_gpu.py --cpu      # the same code on CPU, small shapes (about 10 s on 2 cores);
                                               # --dtype bfloat16 for the bf16 path (fp32 masters) there too
 
-It runs what a GPU alone can show, on a random-init model of Qwen3-4B's shape in bf16 (``--cpu``: a small
-Qwen3 of the same proportions in fp32), through the project's own code:
+It runs what a GPU alone can show, at the shapes of the one-GPU profile (``--profile``, default
+``qwen3-1.7b-1gpu``; ``profile_sizes``): a random-init model of its ``models.architecture`` (Qwen3-1.7B) in
+bf16, its parallel SFT row (``parallel_warmup.max_length``) and its PAPO rollouts (``papo_rl``'s prompt
+bound + ``max_new_tokens``) under its ``merge_semantics`` (``--cpu``: a small Qwen3 in fp32, 512-token rows,
+``isolated``), through the project's own code:
 
 - **Exact merge.** Parallel responses from the torch engine (``components.engine``, a forced
   ``<guideline>`` of three plans: the engine forks at ``</guideline>`` and merges at ``<takeaway>``); the
@@ -23,16 +26,18 @@ Qwen3 of the same proportions in fp32), through the project's own code:
 - **Decode speed**, sequential and parallel through the engine, at batch 1 (1024 new tokens) and batch 64
   (512), with the parallel/sequential tokens/s ratio.
 - **One parallel-mask SFT step** (``sft._train_step``, ``build_optimizer``: ``MasterWeightAdamW``, fp32
-  masters under bf16 weights) and **one PAPO update** on two 4096-token parallel rollouts, each with its
+  masters under bf16 weights) on the profile's SFT row and **one PAPO update** on two parallel rollouts of
+  the profile's PAPO length, each with its
   measured peak (``memory_probe``) beside the planner's estimate (``components.training.memory``). The
   update is ``RLTrainer._update`` where verl is installed; the node has no verl (it needs Ray), so there
   it is the trainer's own parts (batch, log-probs, ``build_adamw``, one micro-batch per rollout, clipping)
   with the on-policy token-mean surrogate ``-A * exp(logp - sg(logp))`` for verl's PAPO loss; the row says
   which.
 
-Sized for well under 8 minutes on an H100 (an estimate until a GPU run measures it: about 3 minutes if
-the engine's per-step Python loop decodes a random-init 4B at 20-40 steps/s; the planner puts the
-training rows at 70.6 GiB of the H100's 79). The decode rows run last, and one that would start after
+Not yet run at these shapes on a GPU (it was sized for a 4B at 4096-token rows): at the one-GPU
+profile's the SFT step is a 32768-token row (plus its re-read copies) and the PAPO update 2 x 18048 tokens,
+each row printing the planner's peak for exactly what it ran beside the measured one (the one-GPU profile's
+own plan for parallel_warmup is 57.8 GiB of an H100's 75.6 usable). The decode rows run last, and one that would start after
 ``--budget-s`` (default 360 s) is skipped with a row saying so. The table is rewritten to --out after each
 part, so a run cut short keeps what it measured; the last row is the total wall time.
 
@@ -65,7 +70,6 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-QWEN3_4B = dict(hidden=2560, intermediate=9728, layers=36, heads=32, kv_heads=8, head_dim=128, vocab=151936)
 SMALL = dict(hidden=128, intermediate=384, layers=2, heads=4, kv_heads=2, head_dim=32, vocab=2048)
 
 Row = tuple[str, str, str, str]  # what, measured, planner, note
@@ -447,7 +451,21 @@ def _papo_update_without_verl(model, rollouts, pad_id, tags, cfg) -> tuple[dict[
     return {"actor/pg_loss": total, "actor/grad_norm": float(grad_norm)}, name
 
 
-def training_rows(model, tok, tags, shape_name: str, seq_len: int, device: torch.device) -> list[Row]:
+def _semantics_overrides(merge: str) -> list[str]:
+    """The tiny profile under merge semantics ``merge``: under reread every parallel decode re-reads its
+    merges (the config refuses it otherwise; README, "Merge semantics")."""
+    if merge != "reread":
+        return [f"merge_semantics={merge}"]
+    decodes = ("papo_rl.merge_mode", "pr1_rl.merge_mode", "evaluate.generation.merge_mode")
+    return [f"merge_semantics={merge}", *(f"{key}=reprefill" for key in decodes)]
+
+
+def training_rows(
+    model, tok, tags, shape_name: str, seq_len: int, device: torch.device, papo_len: int | None = None,
+    merge: str = "isolated",
+) -> list[Row]:  # fmt: skip
+    """One parallel SFT step on a ``seq_len``-token row and one PAPO update on two ``papo_len``-token
+    rollouts (default ``seq_len``), under merge semantics ``merge``, each beside the planner's peak."""
     from components.training import memory
     from components.training.memory_probe import measure
     from components.training.rl_batch import Rollout
@@ -458,8 +476,12 @@ def training_rows(model, tok, tags, shape_name: str, seq_len: int, device: torch
     shape = memory.ModelShape.from_hf_config(model.config)
     rows: list[Row] = []
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    settings = SFTSettings(mode="parallel", total_steps=1, batch_size=1, lr=1e-6, gradient_checkpointing=True)
+    settings = SFTSettings(
+        mode="parallel", total_steps=1, batch_size=1, lr=1e-6, gradient_checkpointing=True, merge=merge
+    )
     example = parallel_example(tok, tags, seq_len)
+    # a reread row carries the re-read copies of its branches: the planner's bound, up to one more row
+    laid_out = len(example.input_ids) * (2 if merge == "reread" else 1)
     with measure(device) as reading:
         optimizer = build_optimizer(model, settings)
         start = time.perf_counter()
@@ -477,10 +499,10 @@ def training_rows(model, tok, tags, shape_name: str, seq_len: int, device: torch
         wall = time.perf_counter() - start
     masters = _optimizer_text(optimizer, model)
     plan = memory.training_state_terms(shape, w) + memory.training_activation_terms(
-        shape, memory.ForwardShape(1, len(example.input_ids), True), w, True, "parallel_warmup.max_length"
+        shape, memory.ForwardShape(1, laid_out, True), w, True, "parallel_warmup.max_length"
     )
     planned = sum(t.bytes for t in plan) - shape.params * w  # the weights existed before the step
-    rows.append((f"parallel-mask SFT step ({shape_name}, {dtype}, {len(example.input_ids)} tokens)",
+    rows.append((f"parallel-mask SFT step ({shape_name}, {dtype}, {len(example.input_ids)} tokens, {merge})",
                  f"{wall:.2f} s, peak {_fmt_gib(reading.peak_bytes)}", _fmt_gib(planned),
                  f"measured/planned {reading.peak_bytes / planned:.2f}; loss {record['loss']:.2f}; {masters}"))  # fmt: skip
     if hasattr(optimizer, "remove_hooks"):
@@ -491,18 +513,26 @@ def training_rows(model, tok, tags, shape_name: str, seq_len: int, device: torch
     if device.type == "cuda":
         torch.cuda.empty_cache()
     # one PAPO update on parallel rollouts (the rollout text is the SFT example's layout)
-    other = parallel_example(tok, tags, seq_len, " 2")  # a different response: the advantages do not cancel
+    papo_len = papo_len or seq_len
+    first = example if papo_len == seq_len else parallel_example(tok, tags, papo_len)
+    other = parallel_example(tok, tags, papo_len, " 2")  # a different response: the advantages do not cancel
     rollouts = [
         Rollout(group_id="g", problem_id="p", answer="1", prompt_ids=list(ex.input_ids[: ex.n_prompt]),
                 response_ids=list(ex.input_ids[ex.n_prompt :]), text="", finish_reason="stop",
                 parallel_taken=True, reward=r)
-        for ex, r in ((example, 1.0), (other, -1.0))
+        for ex, r in ((first, 1.0), (other, -1.0))
     ]  # fmt: skip
     from components.config import load_config
 
     cfg = load_config(
         ROOT / "configs" / "tiny.yaml",
-        overrides=["papo_rl.lr=1e-7", "papo_rl.micro_batch_size=1"],
+        # the rollouts are built, not sampled: no sampler log-probs for PAPO's post-merge IS weights
+        overrides=[
+            "papo_rl.lr=1e-7",
+            "papo_rl.micro_batch_size=1",
+            "papo_rl.rollout_correction.post_merge_is=false",
+            *_semantics_overrides(merge),
+        ],
         root=ROOT,  # the prompts live in the checkout
     )
     if _verl_importable():
@@ -530,25 +560,47 @@ def training_rows(model, tok, tags, shape_name: str, seq_len: int, device: torch
                 torch.cuda.synchronize()
             wall = time.perf_counter() - start
         how = f"verl absent: the trainer's batch, log-probs and {opt_name}, on-policy surrogate loss"
-    fwd = memory.ForwardShape(1, len(example.input_ids), True, scored=len(rollouts[0].response_ids))
+    response = len(rollouts[0].response_ids)
+    fwd = memory.ForwardShape(1, len(first.input_ids) + (response if merge == "reread" else 0), True, scored=response)
     plan = memory.training_state_terms(shape, w) + memory.training_activation_terms(
         shape, fwd, w, True, "papo_rl.max_new_tokens"
     )
     planned = sum(t.bytes for t in plan) - shape.params * w
-    rows.append((f"PAPO update ({shape_name}, {dtype}, 2 rollouts x {len(example.input_ids)} tokens)",
+    rows.append((f"PAPO update ({shape_name}, {dtype}, 2 rollouts x {len(first.input_ids)} tokens, {merge})",
                  f"{wall:.2f} s, peak {_fmt_gib(reading.peak_bytes)}", _fmt_gib(planned),
                  f"measured/planned {reading.peak_bytes / planned:.2f}; grad norm {stats['actor/grad_norm']:.3g}; {how}"))  # fmt: skip
     model.zero_grad(set_to_none=True)
     return rows
 
 
-# new tokens, batch: (merge check), (decode at batch 1), (decode at batch 64); the SFT/PAPO sequence length.
-# Estimated for an H100 (not yet measured): if the engine's per-step Python loop decodes a random-init 4B at
-# 20-40 steps/s, the merge check's 2 x ~310 steps take 15-30 s, the decode rows' (1024 + ~512) + (512 +
-# ~256) steps 60-115 s, the SFT and PAPO steps a few seconds each after the optimizer's first allocation.
-# The decode rows run last and each is skipped once the run has used --budget-s, so the table prints in time.
-GPU_SIZES = dict(merge=(8, 512), decode=((1, 1024), (64, 512)), seq=4096)
-CPU_SIZES = dict(merge=(4, 96), decode=((1, 256), (64, 128)), seq=512)
+# The GPU run measures at the one-GPU profile's shapes (``profile_sizes``): its model, its parallel SFT row
+# (parallel_warmup.max_length) and its PAPO rollout (papo_rl's prompt bound + max_new_tokens), under its
+# merge semantics. New tokens, batch: (merge check), (decode at batch 1), (decode at batch 64).
+PROFILE = "qwen3-1.7b-1gpu"
+GPU_DECODE = dict(merge=(8, 512), decode=((1, 1024), (64, 512)))
+CPU_SIZES = dict(merge=(4, 96), decode=((1, 256), (64, 128)), seq=512, papo_seq=512, merge_semantics="isolated")
+
+
+def profile_sizes(profile: str = PROFILE) -> tuple[dict, dict, str]:
+    """The model shape, the sizes and a name of ``profile``'s GPU work (read from configs/, overlays
+    resolved): what the GPU rows measure, so the table compares the planner at the profile's real shapes."""
+    from components.config import read_profile, validate_config  # lazy: --cpu runs need no profile
+
+    cfg = validate_config(read_profile(profile, ROOT / "configs"), profile)
+    arch = cfg.models.architecture
+    if arch is None:
+        raise SystemExit(f"profile {profile} declares no models.architecture: no GPU shapes to measure")
+    shape = dict(hidden=arch.hidden_size, intermediate=arch.intermediate_size, layers=arch.num_hidden_layers,
+                 heads=arch.num_attention_heads, kv_heads=arch.num_key_value_heads, head_dim=arch.head_dim,
+                 vocab=arch.vocab_size)  # fmt: skip
+    papo = cfg.papo_rl
+    sizes = dict(
+        GPU_DECODE,
+        seq=cfg.parallel_warmup.max_length,
+        papo_seq=papo.verl.max_prompt_length + papo.max_new_tokens,
+        merge_semantics=cfg.merge_semantics,
+    )
+    return shape, sizes, f"{cfg.models.base_model} shape ({profile})"
 
 
 def shaped_model_rows(
@@ -557,15 +609,14 @@ def shaped_model_rows(
     emit=lambda rows: None,
     dtype: str | None = None,
     over_budget=lambda: False,
+    profile: str = PROFILE,
 ) -> list[Row]:
     from components.models.tags import add_tag_tokens
     from components.models.tiny import tiny_test_world
     from components.structure import TagIds
 
-    shape = SMALL if cpu else QWEN3_4B
-    name = "Qwen3-4B shape" if not cpu else "small Qwen3"
+    shape, sizes, name = (SMALL, CPU_SIZES, "small Qwen3") if cpu else profile_sizes(profile)
     dtype = getattr(torch, dtype or ("float32" if cpu else "bfloat16"))
-    sizes = CPU_SIZES if cpu else GPU_SIZES
     _, tok = tiny_test_world(seed=0)  # a tokenizer with the NPR tags; the model's vocabulary is larger
     model = build_model(shape, device, dtype)
     add_tag_tokens(model, tok, "npr")
@@ -579,7 +630,9 @@ def shaped_model_rows(
     emit(rows)
     model.train()
     try:
-        rows += training_rows(model, tok, tags, name, sizes["seq"], device)
+        rows += training_rows(
+            model, tok, tags, name, sizes["seq"], device, sizes["papo_seq"], sizes["merge_semantics"]
+        )
     except torch.OutOfMemoryError as err:  # the table so far still prints, with the planner's view of it
         rows.append((f"SFT step / PAPO update ({name}, {sizes['seq']} tokens)", "out of memory", "",
                      str(err).splitlines()[0][:300]))  # fmt: skip
@@ -619,6 +672,11 @@ def main(argv: list[str] | None = None) -> int:
         help="seconds after which the remaining decode rows are skipped (default 360: the node allows 8 min)",
     )
     parser.add_argument("--out", type=Path, help="also write the table (markdown) and rows (json) here")
+    parser.add_argument(
+        "--profile",
+        default=PROFILE,
+        help=f"the profile whose model and sequence shapes the GPU rows measure (default {PROFILE})",
+    )
     parser.add_argument(
         "--stages",
         default="",
@@ -662,7 +720,7 @@ def main(argv: list[str] | None = None) -> int:
         rows += run_tiny_stages(device, args.cpu, stages)
         emit(rows)
     rows += shaped_model_rows(
-        device, args.cpu, emit, args.dtype, lambda: time.perf_counter() - started > args.budget_s
+        device, args.cpu, emit, args.dtype, lambda: time.perf_counter() - started > args.budget_s, args.profile
     )
     print(emit(rows, final=True))
     with contextlib.suppress(Exception):
