@@ -35,6 +35,9 @@ class HubSource:
     repo_id: str
     split: str
     config: str | None = None
+    # hub field -> the local file's field, where the hub copy names a field otherwise: fetched rows are
+    # written in the local file's layout, so one reader serves both
+    renames: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -95,7 +98,15 @@ BENCHMARKS: dict[str, BenchmarkSpec] = {
             HubSource("HuggingFaceH4/aime_2024", "train"),
             size=30,
         ),
-        BenchmarkSpec("aime25", "npr/AIME25/aime25.json", "question", "answer", size=30),
+        BenchmarkSpec(
+            "aime25",
+            "npr/AIME25/aime25.json",
+            "question",
+            "answer",
+            None,
+            HubSource("MathArena/aime_2025", "train", renames=(("problem", "question"),)),
+            size=30,
+        ),
         BenchmarkSpec(
             "hmmt25",
             "npr/HMMT_Feb_2025/hmmt_feb_2025.json",
@@ -105,9 +116,29 @@ BENCHMARKS: dict[str, BenchmarkSpec] = {
             HubSource("MathArena/hmmt_feb_2025", "train"),
             size=30,
         ),
-        BenchmarkSpec("amc23", "npr/AMC23/amc23.json", "question", "answer", "id", size=40),
-        BenchmarkSpec("olympiadbench", "rllm_deepscaler/olympiad_bench.json", "problem", "answer", "id", size=675),
-        BenchmarkSpec("minerva", "rllm_deepscaler/minerva.json", "problem", "answer", "idx", size=272),
+        # the Qwen2.5-Math copy's layout (id, problem, question, answer, url), as the local file
+        BenchmarkSpec(
+            "amc23", "npr/AMC23/amc23.json", "question", "answer", "id", HubSource("FlippyDora/amc23", "train"), size=40
+        ),
+        # DeepScaleR's evaluation sets (problem, answer as a list), as the local files; no id on the hub
+        BenchmarkSpec(
+            "olympiadbench",
+            "rllm_deepscaler/olympiad_bench.json",
+            "problem",
+            "answer",
+            "id",
+            HubSource("lkevinzc/math-eval", "olympiad_bench"),
+            size=675,
+        ),
+        BenchmarkSpec(
+            "minerva",
+            "rllm_deepscaler/minerva.json",
+            "problem",
+            "answer",
+            "idx",
+            HubSource("lkevinzc/math-eval", "minerva"),
+            size=272,
+        ),
         BenchmarkSpec(
             "math500",
             "npr/MATH500/math500.json",
@@ -157,7 +188,8 @@ def hub_rows(spec: BenchmarkSpec) -> list[Record]:
     from datasets import load_dataset  # lazy: datasets
 
     ds = load_dataset(spec.hub.repo_id, spec.hub.config, split=spec.hub.split)
-    return [dict(r) for r in ds]
+    renames = dict(spec.hub.renames)
+    return [{renames.get(k, k): v for k, v in r.items()} for r in ds]
 
 
 def to_records(spec: BenchmarkSpec, rows: list[Record]) -> list[Record]:

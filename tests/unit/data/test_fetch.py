@@ -93,3 +93,57 @@ def test_hub_source_offline_is_a_clear_error(tmp_path, monkeypatch):
     cfg = load_config(profile="qwen3-4b")
     with pytest.raises(ConnectionError, match="--from DIR"):
         fetch_data(cfg.sample_orz, tmp_path / "data", None)
+
+
+# Each hub copy's split in the layout its dataset card declares (field names and types), with as many rows
+# as the benchmark has: what `datasets.load_dataset` returns for it.
+HUB_LAYOUTS = {
+    ("HuggingFaceH4/aime_2024", None, "train"): (30, lambda i: {"problem": f"P{i}?", "answer": str(i)}),
+    ("MathArena/aime_2025", None, "train"): (
+        30, lambda i: {"problem_idx": i + 1, "problem": f"P{i}?", "answer": str(i)}
+    ),
+    ("MathArena/hmmt_feb_2025", None, "train"): (
+        30, lambda i: {"problem_idx": i + 1, "problem": f"P{i}?", "answer": f"\\frac{{1}}{{{i + 2}}}"}
+    ),
+    ("FlippyDora/amc23", None, "train"): (
+        40, lambda i: {"id": i, "problem": f"P{i}?", "answer": float(i), "url": "u", "question": f"P{i}?"}
+    ),
+    ("lkevinzc/math-eval", None, "olympiad_bench"): (675, lambda i: {"problem": f"P{i}?", "answer": [str(i)]}),
+    ("lkevinzc/math-eval", None, "minerva"): (272, lambda i: {"problem": f"P{i}?", "answer": [f"{i}\n"]}),
+    ("HuggingFaceH4/MATH-500", None, "test"): (
+        500, lambda i: {"problem": f"P{i}?", "solution": "s", "answer": str(i), "unique_id": f"u{i}"}
+    ),
+    ("WildEval/ZebraLogic", "mc_mode", "test"): (
+        3, lambda i: {"id": f"z{i}", "puzzle": "p", "question": "q?", "choices": ["a", "b"], "answer": "b"}
+    ),
+}
+
+
+def test_every_paper_benchmark_is_fetched_from_the_hub_whole(tmp_path, tiny_cfg, monkeypatch):
+    """`npr data fetch` with sample_orz.source=hf gets every benchmark a qwen3-4b evaluation scores, in the
+    layout its reader expects (a hub copy with other field names is renamed), and each loads in full."""
+    import datasets
+
+    from components.data import fetch
+    from components.data.benchmarks import BENCHMARKS
+
+    def load_dataset(repo_id, config=None, split=None):
+        n, row = HUB_LAYOUTS[(repo_id, config, split)]
+        return [row(i) for i in range(n)]
+
+    def download_orz(name, out):
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "orz.json").write_text(json.dumps([_item("What is 1 + 1?", "2")]))
+        return out
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    monkeypatch.setattr(fetch, "hub_offline", lambda: False)
+    monkeypatch.setattr(fetch, "download_hf_dataset", download_orz)
+    dest = tmp_path / "data"
+    summary = fetch.fetch_data(tiny_cfg.sample_orz.model_copy(update={"source": "hf"}), dest)
+    assert summary["skipped"] == []
+    for name, spec in BENCHMARKS.items():
+        records = load_benchmark(name, dest / "benchmarks", full=spec.size is not None)
+        assert len(records) == (spec.size or 3), name
+    assert load_benchmark("aime25", dest / "benchmarks")[4]["problem"] == "P4?"  # renamed problem -> question
+    assert load_benchmark("minerva", dest / "benchmarks")[5]["answers"] == ["5"]
