@@ -8,7 +8,7 @@ imports included) through the project's packages; ``uncovered`` lists what dvc.y
 
 *Plumbing* is code that moves results without changing them: config schemas (their values live in
 params.yaml, which DVC tracks key by key), paths and the DAG, artifact I/O, tracking, the flat metrics
-and plot rows a stage's results are reshaped into (``reporting``), progress display, fingerprints, the stage runner, ops. It is not required in deps and its imports are not followed (``components.config``
+and plot rows a stage's results are reshaped into (``reporting``), progress display, fingerprints, the stage runner, ops, the environment locks (``envlock``). It is not required in deps and its imports are not followed (``components.config``
 imports every domain's config module, which would otherwise pull every package into every stage).
 Package ``__init__`` files are followed (they re-export) but not required.
 """
@@ -27,6 +27,8 @@ _PLUMBING_TOP = {
     "config.py",
     "dag.py",
     "env.py",
+    # which lock an environment was installed from (provenance) and installing a server's locked venv
+    "envlock.py",
     "errors.py",
     "fingerprint.py",
     "progress.py",
