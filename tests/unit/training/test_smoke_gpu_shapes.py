@@ -53,7 +53,10 @@ def test_the_training_rows_run_under_the_profiles_reread_semantics_on_cpu(in_rep
     tags = TagIds.from_tokenizer(tok, "npr")
     rows = smoke.training_rows(model, tok, tags, "small", 256, torch.device("cpu"), 320, "reread")
     sft, papo = rows
-    assert "256 tokens, reread" in sft[0] and "2 rollouts x 320 tokens, reread" in papo[0], rows
+    # the rows are built to about the asked length (parallel_example closes its last block after it)
+    sft_len = int(re.search(r"(\d+) tokens, reread\)", sft[0]).group(1))
+    papo_len = int(re.search(r"2 rollouts x (\d+) tokens, reread\)", papo[0]).group(1))
+    assert 256 <= sft_len <= 264 and 320 <= papo_len <= 328, rows
     for row in rows:
         ratio = float(re.search(r"measured/planned ([\d.]+)", row[3]).group(1))
         assert 0.3 <= ratio <= 1.5, row  # the planner's bound (the whole response re-read) is above the peak
