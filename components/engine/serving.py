@@ -251,6 +251,29 @@ def served_weights(url: str) -> str:
     return str(json.loads(body).get("weight_version"))
 
 
+def check_vllm_runs(url: str, log: Path | None = None) -> None:
+    """One one-token completion. vLLM answers ``/health`` before its engine has run a forward, so a model its
+    kernels cannot run fails only on the first request, after which every request answers HTTP 500 (on AVX2,
+    its CPU attention refuses head_dim 16: "Unsupported CPU attention configuration"); this fails the launch
+    with the server's log instead."""
+    status, body = _get(f"{url}/v1/models", key_env=VLLM_KEY_ENV)
+    name = json.loads(body)["data"][0]["id"] if status == 200 else ""
+    payload = json.dumps({"model": name, "prompt": [[0]], "max_tokens": 1}).encode()
+    headers = {"Content-Type": "application/json", **auth_headers(VLLM_KEY_ENV)}
+    request = urllib.request.Request(f"{url}/v1/completions", data=payload, headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=600) as response:
+            if response.status == 200:
+                return
+            status = response.status
+    except urllib.error.HTTPError as err:
+        status = err.code
+    raise ServerError(
+        f"the vLLM server at {url} is healthy but cannot decode (a one-token completion answered HTTP "
+        f"{status}); log tail:\n{_log_tail(log, 60)}"
+    )
+
+
 def model_of(url: str, api: ServerAPI) -> str:
     """The checkpoint the server at ``url`` loaded."""
     return vllm_model_info(url)[0] if api.kind is VLLM else served_model(url)
@@ -332,6 +355,8 @@ def launched(
             served = model_of(url, api)
             if not _same_model(served, model_dir):
                 raise ServerError(f"the server at {url} serves {served}, not {model_dir}")
+            if api.kind is VLLM:
+                check_vllm_runs(url, log)
             yield url
         finally:
             stop(proc)
