@@ -14,8 +14,11 @@ from components.models.tiny import tiny_test_world
 from components.prompts import render_prompt
 
 
-def warm_up(model, tok, cfg, steps: int, batch: int = 16, lr: float = 3e-3, seed: int = 0) -> None:
-    """Some causal-LM steps on rendered solutions (80% parallel), loss on the response only."""
+def warm_up(
+    model, tok, cfg, steps: int, batch: int = 16, lr: float = 3e-3, seed: int = 0, parallel_share: float = 0.8
+) -> None:
+    """Some causal-LM steps on rendered solutions (``parallel_share`` of them parallel), loss on the response
+    only."""
     rng = random.Random(seed)
     problems = generate_problems(400, seed=seed + 11, weights={"easy": 1.0})  # the shortest traces
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
@@ -23,7 +26,7 @@ def warm_up(model, tok, cfg, steps: int, batch: int = 16, lr: float = 3e-3, seed
     for _ in range(steps):
         rows, labels = [], []
         for p in rng.sample(problems, batch):
-            parallel = rng.random() < 0.8
+            parallel = rng.random() < parallel_share
             prompt = render_prompt(tok, p["problem"], cfg.prompts, "parallel")
             text = (
                 render_parallel(expression_of(p), rng)
