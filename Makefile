@@ -23,7 +23,7 @@ PROFILE ?= tiny
 # Config overrides for `make run`, each passed as `npr run --set KEY=VALUE` (make run SET="npr_zero.seed=1 run.seed=1").
 SET ?=
 
-.PHONY: install install-vllm lock run test lint bench clean
+.PHONY: install install-vllm lock run test test-image lint bench clean
 
 # Exactly the locked versions: the lock must match pyproject.toml and this Python (else one line saying
 # what to run); uv (the lock's own, hash-checked) syncs the venv to the lock (every pin by its hashes, no
@@ -49,6 +49,20 @@ $(VLLM_VENV)/.installed: pyproject.toml infra/vllm/requirements.txt $(VENV)/.ins
 	$(PY) infra/envlock.py install --target vllm $(if $(WHEELS),--find-links $(WHEELS),)
 
 install-vllm: $(VLLM_VENV)/.installed
+
+# The GPU image's versions on CPU (.venv-image, infra/gpu/image-versions.lock; [tool.npr.lock.image]): the cpu
+# lock with the image's torch 2.11.0 (PyPI's CUDA 13.0 build, which runs on CPU), transformers and numpy, on
+# the image's Python 3.12, plus the pinned SGLang wheel for its argument parser. `make test-image` runs the
+# unit suite and tests/image in it; `make test` runs it first.
+IMAGE_VENV := .venv-image
+$(IMAGE_VENV)/.ready: pyproject.toml infra/gpu/image-versions.lock infra/gpu/requirements.txt $(VENV)/.installed
+	$(PY) infra/envlock.py install --target image
+	$(BIN)/uv pip install -q --python $(IMAGE_VENV)/bin/python --no-deps --no-build-isolation -e .
+	touch $@
+
+test-image: lint $(IMAGE_VENV)/.ready
+	NPR_TEST_IMAGE=1 $(IMAGE_VENV)/bin/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup \
+	  --timeout=1500 tests/unit tests/image
 
 # Re-resolve every locked environment (requirements.lock, the GPU image's infra/gpu/requirements.txt and the
 # vLLM server's infra/vllm/requirements.txt)

@@ -18,7 +18,11 @@ installs.
   points.
 
 A table with ``project = false`` resolves only its own requirements (the server's environment holds vLLM,
-not the project); ``excludes`` names packages left out of the resolution altogether (uv ``--excludes``).
+not the project); ``excludes`` names packages left out of the resolution altogether (uv ``--excludes``);
+``prefer`` names the lock whose pins are uv's preferences (the ``image`` target is the cpu lock with the GPU
+image's torch, transformers and numpy); ``no_deps`` lists packages installed into the target's venv after
+the sync, each at its entry in the ``no_deps_lock`` lock, without dependencies (SGLang's argument parser in
+the ``image`` venv, whose other pins SGLang would move).
 
 Importing this module needs only the standard library: ``check`` runs in a fresh venv before anything is
 installed. ``packaging`` (installed with the lock) is imported where pins are read.
@@ -252,6 +256,60 @@ def wheel_sources(find_links: str | None = None) -> list[str]:
     return ["--extra-index-url", TORCH_CPU_INDEX, "--index-strategy", "unsafe-best-match"]
 
 
+def find_python(version: str) -> str:
+    """An interpreter of CPython ``version`` that runs: ``pythonX.Y`` on PATH, else pyenv's installs of it
+    (pyenv's shim is on PATH for every version but runs only the selected ones)."""
+    found = shutil.which(f"python{version}")
+    candidates = [found] if found else []
+    candidates += sorted(str(p) for p in Path.home().glob(f".pyenv/versions/{version}.*/bin/python{version}"))
+    for candidate in candidates:
+        probe = subprocess.run(
+            [candidate, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+            capture_output=True,
+            text=True,
+        )
+        if probe.returncode == 0 and probe.stdout.strip() == version:
+            return candidate
+    raise LockError(
+        f"CPython {version} is not installed here (tried {', '.join(candidates) or f'python{version} on PATH'})"
+    )
+
+
+def no_deps_requirements(tgt: Target, root: Path = ROOT) -> str:
+    """The table's ``no_deps`` packages as a requirements file: each one's entry (pin and hashes) in the lock
+    ``no_deps_lock`` names (the image-versions environment takes SGLang's wheel from the gpu lock this way)."""
+    names = tgt.table.get("no_deps", [])
+    if not names:
+        return ""
+    source = target(str(tgt.table.get("no_deps_lock", tgt.name)), root).output
+    return "".join(entry(source, name) for name in names)
+
+
+def install_no_deps(tgt: Target, python: Path, root: Path = ROOT) -> None:
+    """Install the target's ``no_deps`` packages into its venv, hash-checked, without their dependencies."""
+    reqs = no_deps_requirements(tgt, root)
+    if not reqs:
+        return
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", prefix="npr-no-deps-") as f:
+        f.write(reqs)
+        f.flush()
+        cmd = [
+            _uv(),
+            "pip",
+            "install",
+            "-q",
+            "--python",
+            str(python),
+            "--no-deps",
+            "--require-hashes",
+            "-r",
+            f.name,
+        ]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise LockError(f"installing {tgt.name}'s no_deps packages failed: {proc.stderr.strip()[-2000:]}")
+
+
 def install(tgt: Target, find_links: str | None = None, root: Path = ROOT) -> Path:
     """Create the target's venv (its Python), sync it to the lock with uv (hash-checked, anything else
     removed), verify it and write the marker; returns the venv's python."""
@@ -263,10 +321,7 @@ def install(tgt: Target, find_links: str | None = None, root: Path = ROOT) -> Pa
         raise LockError(f"[tool.npr.lock.{tgt.name}] names no venv of its own to install into")
     python = venv / "bin" / "python"
     if not python.exists():
-        base = shutil.which(f"python{tgt.python}")
-        if base is None:
-            raise LockError(f"{tgt.output.name} needs CPython {tgt.python} (python{tgt.python} not found)")
-        subprocess.run([base, "-m", "venv", str(venv)], check=True)
+        subprocess.run([find_python(tgt.python), "-m", "venv", str(venv)], check=True)
     installed_marker(venv).unlink(missing_ok=True)
     sync = [
         _uv(),
@@ -281,6 +336,7 @@ def install(tgt: Target, find_links: str | None = None, root: Path = ROOT) -> Pa
     proc = subprocess.run([*sync, str(tgt.output)], capture_output=True, text=True)
     if proc.returncode != 0:
         raise LockError(f"installing {tgt.output.name} into {venv} failed: {proc.stderr.strip()[-2000:]}")
+    install_no_deps(tgt, python, root)
     script = root / "infra" / "envlock.py"
     proc = subprocess.run(
         [str(python), str(script), "verify", "--target", tgt.name], capture_output=True, text=True
@@ -391,8 +447,11 @@ def compile_target(tgt: Target, out: Path, uv_args: Sequence[str] = (), root: Pa
             if lines:
                 (tmp / name).write_text("\n".join(lines) + "\n")
                 cmd += [flag, name] if flag else [name]
-        if tgt.output.exists():
-            shutil.copy(tgt.output, tmp / "lock.txt")
+        # uv's preferences: the target's own lock, or the lock it follows (``prefer``: the image-versions
+        # environment is the cpu lock with a few pins moved, and stays so as the cpu lock moves)
+        preferred = target(tgt.table["prefer"], root).output if "prefer" in tgt.table else tgt.output
+        if preferred.exists():
+            shutil.copy(preferred, tmp / "lock.txt")
         cmd += [
             "--python-version", tgt.python, "--python-platform", tgt.platform,
             "--generate-hashes", "--no-strip-markers", "--no-header", "-o", "lock.txt", *uv_args,

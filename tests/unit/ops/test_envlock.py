@@ -39,8 +39,9 @@ def _target_environment(tgt: envlock.Target) -> dict[str, str]:
 
 def test_each_lock_was_written_from_pyproject_as_it_is_now() -> None:
     found = envlock.targets(ROOT)
-    assert set(found) == {"cpu", "gpu", "vllm"}
+    assert set(found) == {"cpu", "gpu", "vllm", "image"}
     assert found["cpu"].output == CPU_LOCK and found["gpu"].output == ROOT / "infra/gpu/requirements.txt"
+    assert found["image"].output == ROOT / "infra/gpu/image-versions.lock"
     assert found["vllm"].output == ROOT / "infra/vllm/requirements.txt"
     for tgt in found.values():
         assert envlock.stale(tgt, ROOT) is None
@@ -98,6 +99,7 @@ def _copy_project(tmp_path: Path) -> Path:
     shutil.copy(CPU_LOCK, tmp_path / "requirements.lock")
     (tmp_path / "infra/gpu").mkdir(parents=True)
     shutil.copy(ROOT / "infra/gpu/requirements.txt", tmp_path / "infra/gpu/requirements.txt")
+    shutil.copy(ROOT / "infra/gpu/image-versions.lock", tmp_path / "infra/gpu/image-versions.lock")
     (tmp_path / "infra/vllm").mkdir(parents=True)
     shutil.copy(ROOT / "infra/vllm/requirements.txt", tmp_path / "infra/vllm/requirements.txt")
     return tmp_path
@@ -110,16 +112,17 @@ def test_a_dependency_changed_without_make_lock_is_one_line_and_exit_2(
     assert envlock.main(["check"], root) == 0
     text = (root / "pyproject.toml").read_text()
     (root / "pyproject.toml").write_text(text.replace('"rich>=13",', '"rich>=13",\n  "tabulate>=0.9",', 1))
-    cpu, gpu, server = envlock.targets(root).values()
+    cpu, gpu, server, image = envlock.targets(root).values()
     assert "requirements.lock is stale" in (envlock.stale(cpu, root) or "")
     assert "[tool.npr.lock.gpu]" in (envlock.stale(gpu, root) or "")  # the image's lock is stale too
+    assert "[tool.npr.lock.image]" in (envlock.stale(image, root) or "")  # and the image-versions one
     assert envlock.stale(server, root) is None  # the vLLM server's environment holds no project dependency
     assert envlock.main(["check"], root) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: requirements.lock is stale") and err.count("\n") == 0 and "make lock" in err
     # a table change alone (another Python for the image) is a change of the inputs as well
     (root / "pyproject.toml").write_text(text.replace('python = "3.12"', 'python = "3.13"'))
-    cpu, gpu, _ = envlock.targets(root).values()
+    cpu, gpu, _, _ = envlock.targets(root).values()
     assert envlock.stale(cpu, root) is None and envlock.stale(gpu, root)
     (root / "requirements.lock").unlink()
     assert "does not exist" in (envlock.stale(cpu, root) or "")
@@ -221,3 +224,28 @@ def test_a_replacement_must_name_a_dependency(tmp_path: Path) -> None:
     with pytest.raises(envlock.LockError, match="torchx is not a dependency"):
         envlock.project_requirements(envlock.target("gpu", root), root)
     assert "torch==2.11.0" in envlock.project_requirements(envlock.target("gpu", ROOT), ROOT)
+
+
+def test_the_image_versions_lock_is_the_cpu_lock_with_the_images_torch_transformers_numpy() -> None:
+    """`make test-image` runs the unit suite under the GPU image's versions: those three (and what they force)
+    are the gpu lock's, every other package is the cpu lock's, and SGLang's parser comes from the gpu lock."""
+    image_tgt = envlock.target("image", ROOT)
+    image = envlock.read_pins(image_tgt.output, applicable_only=False)
+    cpu = envlock.read_pins(CPU_LOCK, applicable_only=False)
+    gpu = envlock.read_pins(ROOT / "infra/gpu/requirements.txt", applicable_only=False)
+    assert image_tgt.python == envlock.target("gpu", ROOT).python == "3.12"
+    for name in ("torch", "transformers", "numpy", "triton"):
+        assert image[name] == gpu[name], name
+    moved = {n for n in set(image) & set(cpu) if image[n] != cpu[n]}
+    # setuptools: torch 2.11 requires < 82
+    assert moved == {"torch", "transformers", "numpy", "setuptools"}, moved
+    cuda = {n for n in set(image) - set(cpu) if not n.startswith(("nvidia-", "cuda-"))}
+    assert cuda == {"triton"}, cuda  # what else torch 2.11's CUDA build brings: its CUDA libraries
+    # python_version < 3.11.3 markers: absent on the image's 3.12
+    assert set(cpu) - set(image) <= {"async-timeout"}
+    reqs = envlock.no_deps_requirements(image_tgt, ROOT)
+    pinned = {
+        envlock.normalize(m.group(1)): m.group(2) for m in map(envlock.PIN_LINE.match, reqs.splitlines()) if m
+    }
+    assert pinned["sglang"] == gpu["sglang"] and pinned == {n: gpu[n] for n in pinned}
+    assert all("--hash=sha256:" in block for block in reqs.split("==")[1:])
