@@ -34,6 +34,7 @@ from typing import Any
 import httpx
 
 from components.engine.async_driver import BackendError, generate_async
+from components.engine.backends.http_json import request_json
 from components.engine.backends.sglang_isolated import request_fields
 from components.engine.config import GenerationConfig
 from components.engine.generation import Generation
@@ -124,35 +125,9 @@ class SGLangClient:
         return parse_generate_item(item, tail)
 
     async def post(self, path: str, payload: dict[str, Any]) -> Any:
-        if self._http is None:
-            raise RuntimeError("use the client inside 'async with SGLangClient(...)'")
-        url = self.base_url + path
-        try:
-            response = await self._http.post(path, json=payload)
-        except httpx.TimeoutException as err:
-            raise SGLangError(f"SGLang server at {url} did not answer within {self.timeout_s:.0f} s") from err
-        except httpx.ConnectError as err:
-            raise SGLangError(f"cannot reach the SGLang server at {url}: {err!r}") from err
-        except httpx.TransportError as err:
-            raise SGLangError(f"lost the connection to the SGLang server at {url}: {err!r}") from err
-        if response.status_code != 200:
-            raise SGLangError(
-                f"SGLang server at {url} answered HTTP {response.status_code}: {_message(response)}"
-            )
-        try:
-            return response.json()
-        except json.JSONDecodeError as err:
-            raise SGLangError(f"SGLang server at {url} answered non-JSON: {response.text[:300]!r}") from err
-
-
-def _message(response: httpx.Response) -> str:
-    try:
-        body = response.json()
-    except json.JSONDecodeError:
-        return response.text[:500]
-    if isinstance(body, dict) and isinstance(body.get("error"), dict):
-        return str(body["error"].get("message", body["error"]))[:1000]
-    return str(body)[:500]
+        return await request_json(
+            self._http, "POST", path, payload, server="SGLang", error=SGLangError, timeout_s=self.timeout_s
+        )
 
 
 def parse_generate_item(

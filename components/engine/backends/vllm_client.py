@@ -25,12 +25,12 @@ first None). Failures raise ``VLLMError`` naming what happened.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import httpx
 
 from components.engine.async_driver import BackendError, generate_async
+from components.engine.backends.http_json import request_json
 from components.engine.backends.sglang_client import _run, auth_headers
 from components.engine.config import GenerationConfig
 from components.engine.generation import Generation
@@ -142,25 +142,9 @@ class VLLMClient:
         return parse_completion(body, prompt_ids, tail)
 
     async def request(self, method: str, path: str, payload: dict[str, Any] | None = None) -> Any:
-        if self._http is None:
-            raise RuntimeError("use the client inside 'async with VLLMClient(...)'")
-        url = self.base_url + path
-        try:
-            response = await self._http.request(method, path, json=payload)
-        except httpx.TimeoutException as err:
-            raise VLLMError(f"vLLM server at {url} did not answer within {self.timeout_s:.0f} s") from err
-        except httpx.ConnectError as err:
-            raise VLLMError(f"cannot reach the vLLM server at {url}: {err!r}") from err
-        except httpx.TransportError as err:
-            raise VLLMError(f"lost the connection to the vLLM server at {url}: {err!r}") from err
-        if response.status_code != 200:
-            raise VLLMError(
-                f"vLLM server at {url} answered HTTP {response.status_code}: {response.text[:500]}"
-            )
-        try:
-            return response.json()
-        except json.JSONDecodeError as err:
-            raise VLLMError(f"vLLM server at {url} answered non-JSON: {response.text[:300]!r}") from err
+        return await request_json(
+            self._http, method, path, payload, server="vLLM", error=VLLMError, timeout_s=self.timeout_s
+        )
 
 
 def generate_vllm(
