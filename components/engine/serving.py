@@ -63,6 +63,7 @@ from components.ops.launch import (
 from components.storage import dvc_md5
 
 STOP_GRACE_S = 30.0
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 class SGLangServerError(RuntimeError):
@@ -321,6 +322,13 @@ def _sigterm_unwinds() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
+def _terminate_with_parent() -> None:
+    """In the child before exec: SIGTERM when the thread that started it ends (prctl PR_SET_PDEATHSIG)."""
+    import ctypes  # lazy: only servers bound to their caller need libc
+
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 @contextmanager
 def launched(
     model_dir: Path | str,
@@ -328,8 +336,11 @@ def launched(
     log_dir: Path | str,
     spec_path: Path | str | None = None,
     env: dict[str, str] | None = None,
+    bound_to_caller: bool = False,
 ) -> Iterator[str]:
-    """Start a server for ``model_dir``, yield its URL once healthy and serving that model, always stop it."""
+    """Start a server for ``model_dir``, yield its URL once healthy and serving that model, always stop it.
+    ``bound_to_caller``: the kernel also sends the server SIGTERM when the launching thread ends (Linux's
+    parent-death signal), for callers that may be killed without unwinding (a Ray actor)."""
     api = server_api(gen_cfg)
     port = free_port()
     spec = server_spec(gen_cfg, model_dir, port, spec_path)
@@ -348,7 +359,12 @@ def launched(
     with _sigterm_unwinds():
         with open(log, "ab") as out:
             proc = subprocess.Popen(
-                argv, stdout=out, stderr=subprocess.STDOUT, env=server_env, start_new_session=True
+                argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=server_env,
+                start_new_session=True,
+                preexec_fn=_terminate_with_parent if bound_to_caller else None,
             )
         try:
             wait_healthy(url, gen_cfg.server_start_timeout_s, proc, log, api)

@@ -47,6 +47,15 @@ class SFTStageConfig(StrictModel):
     gradient_checkpointing: bool = False
 
 
+class RolloutServerSettings(StrictModel):
+    """The stock server the ``vllm_server`` rollout launches for a CPU verl job (``plugins.vllm_rollout``)."""
+
+    # the vLLM server's spec (the one distill and evaluate launch from; relative to the checkout)
+    spec: str = "infra/vllm/server.yaml"
+    # seconds a launch may take to serve its first completion (40-80 s on idle cores, minutes on busy ones)
+    start_timeout_s: float = Field(1800.0, gt=0)
+
+
 class VerlSettings(StrictModel):
     """Cluster-side settings of a verl run (`backend: verl`); the algorithm comes from the stage fields."""
 
@@ -57,9 +66,11 @@ class VerlSettings(StrictModel):
     nnodes: int = Field(1, ge=1)
     # Training ranks per node (GPUs; on cpu, processes each holding one logical device slot).
     n_gpus_per_node: int = Field(8, ge=1)
-    # sglang / vllm: an inference server; torch: the project's torch token server inside the job
-    # (components.training.verl.plugins.torch_rollout; hybrid mode, made for device: cpu).
-    rollout_name: Literal["sglang", "vllm", "torch"] = "sglang"
+    # sglang / vllm: verl's own inference-server rollouts (CUDA); torch: the project's torch token server inside
+    # the job (components.training.verl.plugins.torch_rollout); vllm_server: a stock vLLM server given the
+    # trainer's weights after every update (plugins.vllm_rollout). The last two: hybrid mode, device: cpu.
+    rollout_name: Literal["sglang", "vllm", "torch", "vllm_server"] = "sglang"
+    rollout_server: RolloutServerSettings = RolloutServerSettings()
     rollout_tp: int = Field(1, ge=1)
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
     max_prompt_length: int = Field(2048, ge=16)

@@ -97,6 +97,19 @@ def test_torch_is_a_rollout_in_both_of_verls_registries() -> None:
     assert get_rollout_class("torch", "async") is TorchServerAdapter
 
 
+def test_vllm_server_is_a_rollout_in_both_of_verls_registries_beside_torch() -> None:
+    from verl.workers.rollout.base import get_rollout_class
+    from verl.workers.rollout.replica import get_rollout_replica_class
+
+    from components.training.verl.plugins.torch_rollout import TorchServerAdapter
+    from components.training.verl.plugins.vllm_rollout import VLLMRolloutServer, VLLMServerReplica
+
+    assert get_rollout_replica_class("vllm_server") is VLLMServerReplica
+    assert VLLMServerReplica.server_class is VLLMRolloutServer
+    # the trainer side is the torch rollout's: it hands the full weights to the replica's server actor
+    assert get_rollout_class("vllm_server", "async") is TorchServerAdapter
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     from verl.workers.rollout.replica import RolloutMode

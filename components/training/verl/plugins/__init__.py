@@ -12,6 +12,7 @@ verl imports the package in every process of a job (``VERL_USE_EXTERNAL_MODULES`
 | ``cpu_platform.PlatformCPU``: verl's device calls answered for the CPU, gloo process groups | ``PlatformRegistry`` (``cpu``) | ``VERL_PLATFORM=cpu`` (``verl.device: cpu``) |
 | the stock FSDP actor and the NPR actor under the ``cpu`` device key | ``EngineRegistry`` (language_model, fsdp/fsdp2, cpu) | the CPU platform's device name |
 | ``torch_rollout``: ``TorchReplica`` / ``TorchRolloutServer`` (the project's torch token server) and ``TorchServerAdapter`` (weight sync) | ``RolloutReplicaRegistry`` and the rollout registry (``torch``) | ``rollout.name`` (``verl.rollout_name: torch``) |
+| ``vllm_rollout``: ``VLLMServerReplica`` / ``VLLMRolloutServer`` (a stock vLLM server, given the trainer's weights after every update) and ``TorchServerAdapter`` | ``RolloutReplicaRegistry`` and the rollout registry (``vllm_server``) | ``rollout.name`` (``verl.rollout_name: vllm_server``) |
 
 No verl file is edited; ``components.training.verl.launch.validate_job`` checks that a job selects them.
 """
@@ -19,7 +20,7 @@ No verl file is edited; ``components.training.verl.launch.validate_job`` checks 
 # the platform first: it wraps verl's process-group setup before verl's workers import it
 from components.training.verl.plugins import cpu_platform  # noqa: F401, I001  (registers on import)
 from components.training import papo  # noqa: F401  (registers the papo loss and advantage)
-from components.training.verl.plugins import agent_loop, engine, reward, torch_rollout  # noqa: F401
+from components.training.verl.plugins import agent_loop, engine, reward, torch_rollout, vllm_rollout  # noqa: F401
 from components.training.verl.plugins.names import (
     AGENT_LOOP,
     ENGINE_VENDOR,

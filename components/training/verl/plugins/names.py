@@ -36,3 +36,13 @@ PLATFORM_ENV = "VERL_PLATFORM"
 # The replay buffer of every verl RL stage (trainer.v1.sampler.custom_sampler, plugins.replay).
 REPLAY_MODULE = "components.training.verl.plugins.replay"
 REPLAY_SAMPLER = "BoundedReplayBuffer"
+
+# verl's rollout names (rollout.name) of the project's CPU rollouts: the torch token server inside the job
+# (plugins.torch_rollout) and a stock vLLM server given the trainer's weights (plugins.vllm_rollout).
+TORCH_ROLLOUT = "torch"
+SERVED_ROLLOUT = "vllm_server"
+CPU_ROLLOUTS = (TORCH_ROLLOUT, SERVED_ROLLOUT)
+# rollout.custom's keys of a served rollout job (the launcher writes them, the rollout's server actor reads them)
+SERVED_SPEC_KEY = "npr_server_spec"
+SERVED_START_TIMEOUT_KEY = "npr_server_start_timeout_s"
+SERVED_WORK_DIR_KEY = "npr_server_work_dir"

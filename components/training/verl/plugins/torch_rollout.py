@@ -38,7 +38,7 @@ import logging
 import os
 import time
 from collections.abc import Generator
-from typing import Any
+from typing import Any, ClassVar
 
 import ray
 import torch
@@ -50,19 +50,21 @@ from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutMode, RolloutReplica, RolloutReplicaRegistry, TokenOutput
 
 from components.training.verl.plugins.agent_loop import sample_seed
+from components.training.verl.plugins.names import TORCH_ROLLOUT
 
 logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "WARN"))
 
-ROLLOUT_NAME = "torch"
+ROLLOUT_NAME = TORCH_ROLLOUT
 ADAPTER_PATH = f"{__name__}.TorchServerAdapter"
 # How long the server waits for more concurrent requests before it decodes a batch (seconds).
 BATCH_WINDOW_S = 0.02
 
 
 def server_actor_name(replica_rank: int, node_rank: int = 0) -> str:
-    """The Ray actor name of a replica's server (the adapter finds its server by it)."""
-    return f"npr_torch_server_{replica_rank}_{node_rank}"
+    """The Ray actor name of a replica's server (the adapter finds its server by it; the same for the torch
+    and the ``vllm_server`` rollout: a job runs one of them)."""
+    return f"npr_rollout_server_{replica_rank}_{node_rank}"
 
 
 def max_new_tokens_of(
@@ -91,6 +93,20 @@ def max_new_tokens_of(
 def hash_tokens(tokens: list[int]) -> str:
     """A short stable digest of a token sequence (part of a request's derived seed)."""
     return hashlib.sha256(",".join(map(str, tokens)).encode()).hexdigest()[:16]
+
+
+def request_seed(
+    seed: int, global_steps: int | None, prompt: list[int], params: dict[str, Any], asked: dict[tuple, int]
+) -> int:
+    """A seed for a request that carries none (verl's single-turn loop sends none): the server's seed, the
+    weight version, the prompt and sampler, and how many times this prompt was asked at this version
+    (``asked``, the server's count, cleared at every weight update). So a step's rollouts are the same
+    multiset of samples in every run, in whatever order the requests arrive, and a resumed job draws what
+    the interrupted one would have."""
+    key = (global_steps, tuple(prompt), params.get("temperature"), params.get("top_p"), params.get("top_k"))
+    occurrence = asked.get(key, 0)
+    asked[key] = occurrence + 1
+    return sample_seed(seed, *key[:1], hash_tokens(prompt), *key[2:], occurrence)
 
 
 class TorchRolloutServer:
@@ -163,7 +179,7 @@ class TorchRolloutServer:
         )
         return_logprob = bool(params.pop("logprobs", False))
         if params.get("sampling_seed") is None:
-            params["sampling_seed"] = self._request_seed(prompt, params)
+            params["sampling_seed"] = request_seed(self.seed, self.global_steps, prompt, params, self._asked)
         if params["max_new_tokens"] == 0:
             answer_ids, answer_lps, reason = [], [], "length"
         else:
@@ -180,22 +196,6 @@ class TorchRolloutServer:
             stop_reason=reason,
             extra_fields={"global_steps": self.global_steps},
         )
-
-    def _request_seed(self, prompt: list[int], params: dict[str, Any]) -> int:
-        """A seed for a request that carries none (verl's single-turn loop sends none): the server's seed,
-        the weight version, the prompt and sampler, and how many times this prompt was asked at this
-        version. So a step's rollouts are the same multiset of samples in every run, in whatever order the
-        requests arrive, and a resumed job draws what the interrupted one would have."""
-        key = (
-            self.global_steps,
-            tuple(prompt),
-            params.get("temperature"),
-            params.get("top_p"),
-            params.get("top_k"),
-        )
-        occurrence = self._asked.get(key, 0)
-        self._asked[key] = occurrence + 1
-        return sample_seed(self.seed, *key[:1], hash_tokens(prompt), *key[2:], occurrence)
 
     async def _serve_batches(self) -> None:
         while self._pending:
@@ -278,19 +278,22 @@ class TorchRolloutServer:
 
 
 class TorchReplica(RolloutReplica):
-    """A replica whose server is one ``TorchRolloutServer`` actor (hybrid mode)."""
+    """A replica whose server is one ``server_class`` actor (hybrid mode): ``TorchRolloutServer`` here, the
+    vLLM server's proxy in ``plugins.vllm_rollout``."""
+
+    server_class: ClassVar[type] = TorchRolloutServer
 
     async def launch_servers(self) -> None:
         if self.rollout_mode != RolloutMode.HYBRID:
             raise NotImplementedError(
-                f"the torch rollout runs colocated with the trainer (hybrid mode), not {self.rollout_mode}: "
+                f"the project's rollouts run colocated with the trainer (hybrid mode), not {self.rollout_mode}: "
                 "set actor_rollout_ref.hybrid_engine=true and trainer.v1.trainer_mode=sync"
             )
         node_id = await self.workers[0].__ray_call__.remote(
             lambda self: ray.get_runtime_context().get_node_id()
         )
         server = (
-            ray.remote(TorchRolloutServer)
+            ray.remote(self.server_class)
             .options(
                 scheduling_strategy=ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(
                     node_id=node_id, soft=False
@@ -313,8 +316,8 @@ class TorchReplica(RolloutReplica):
 
 
 class TorchServerAdapter(BaseRollout):
-    """The trainer side of the torch rollout in each hybrid worker: pushes the trainer's weights to the
-    replica's server (``update_weights``); memory calls are no-ops on CPU."""
+    """The trainer side of the torch rollout (and of ``vllm_server``'s) in each hybrid worker: pushes the
+    trainer's weights to the replica's server actor (``update_weights``); memory calls are no-ops on CPU."""
 
     def __init__(self, config: Any, model_config: Any, device_mesh: Any, replica_rank: int = -1) -> None:
         super().__init__(config, model_config, device_mesh)
@@ -367,10 +370,12 @@ def register() -> None:
 register()
 
 __all__ = [
+    "ADAPTER_PATH",
     "ROLLOUT_NAME",
     "TorchReplica",
     "TorchRolloutServer",
     "TorchServerAdapter",
     "max_new_tokens_of",
+    "request_seed",
     "server_actor_name",
 ]
