@@ -23,6 +23,9 @@ for key, value in {
     "WANDB_MODE": "offline",
     "WANDB_SILENT": "true",
     "TOKENIZERS_PARALLELISM": "false",
+    # Ray's workers at the tests' priority, not raylet's default nice 15: under two pytest workers a verl
+    # job's actors were starved by the other worker's test (verl tests timed out only under -n 2)
+    "RAY_worker_niceness": "0",
 }.items():
     os.environ.setdefault(key, value)
 

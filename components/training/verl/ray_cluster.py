@@ -129,6 +129,10 @@ class RayHead:
         if not (env.get("RAY_AUTH_TOKEN") or env.get("RAY_AUTH_TOKEN_PATH")):
             env["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
         env["RAY_AUTH_MODE"] = "token"
+        # Ray runs its workers (verl's trainer and rollout actors) at nice 15 by default (raylet's
+        # worker_niceness): beside any other busy process on the node, a stage in another lane of the same
+        # pipeline or a test beside it, the training then gets almost no CPU. Workers run at the head's priority.
+        env.setdefault("RAY_worker_niceness", "0")
         # Ray's sockets live under its temp dir and a unix socket path has at most 107 bytes: keep it short
         owned = temp_dir is None
         temp_dir = Path(temp_dir or tempfile.mkdtemp(prefix="npr-ray-"))

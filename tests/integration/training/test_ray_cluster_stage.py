@@ -7,9 +7,11 @@ the stage itself."""
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -90,3 +92,19 @@ def test_a_stage_on_a_running_cluster_runs_there_and_is_restored_here(stage_repo
     assert not list(
         (repo / "artifacts" / "papo_rl" / "work").glob("ray-runtime-env-*")
     )  # secrets file removed
+
+
+def test_a_heads_workers_run_at_its_priority(monkeypatch):
+    """Ray runs workers at nice 15 unless told otherwise (raylet's worker_niceness); verl's actors are Ray
+    workers, so a stage's training would get almost no CPU beside any other busy process (another lane of
+    the pipeline, the other pytest worker). A head the stage starts runs them at its own priority."""
+    monkeypatch.delenv("RAY_worker_niceness", raising=False)  # the suite's default (tests/conftest.py) aside
+    code = (
+        "import os, ray; ray.init(address=os.environ['RAY_ADDRESS'], log_to_driver=False); "
+        "print(ray.get(ray.remote(lambda: os.nice(0)).remote()))"
+    )
+    with ray_cluster.RayHead.start("127.0.0.1", num_gpus=0, num_cpus=1, dashboard=False) as head:
+        env = {**head.env, "RAY_ADDRESS": head.address}
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert int(out.stdout.split()[-1]) == os.nice(0)
