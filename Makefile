@@ -81,13 +81,13 @@ run: install
 lint: install
 	$(BIN)/ruff check components flows tests benchmarks
 
-# TEST_WORKERS=2 runs the suite on two pytest-xdist workers (--dist loadgroup: a test file stays on one
-# worker; the files that start Ray clusters share one, tests/conftest.py). Serial (0) stays the default until
-# a two-worker run passes whole: one ran 1375 of 1381 tests in ~40 min, but the e2e, the resume-after-kill
-# test and a verl Ray test failed beside the heaviest files (cause not found; docs/results.md).
-TEST_WORKERS ?= 0
-test: lint install-vllm
+# The suite runs on two pytest-xdist workers (--dist loadgroup: a test file stays on one worker; the files
+# that start Ray clusters share one, tests/conftest.py); TEST_WORKERS=0 runs it serially. Then the unit suite
+# and tests/image run again under the GPU image's versions (make test-image).
+TEST_WORKERS ?= 2
+test: lint install-vllm $(IMAGE_VENV)/.ready
 	$(BIN)/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --timeout=1500 --durations=30 tests
+	$(MAKE) --no-print-directory test-image
 
 bench: install
 	for f in benchmarks/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
