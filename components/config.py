@@ -354,7 +354,7 @@ def cross_field_problems(cfg: PipelineConfig) -> list[str]:
     problems += _merge_problems(cfg)
     problems += _evaluate_name_problems(cfg)
     # verl's own rules (GPU counts, batch splits, tensor parallelism) are checked by running verl's
-    # validation on the job (components.training.verl.launch.validate_job), not re-implemented here
+    # validation on the job (components.training.verl.validate.validate_job), not re-implemented here
     return problems
 
 

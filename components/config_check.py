@@ -15,7 +15,7 @@ applies); ``check_profile`` runs them all. What is checked:
 - **Ray**: a verl stage that attaches to a cluster, or spans nodes, names a filesystem every node mounts
   (``verl.shared_dir``); its GPUs split into whole rollout tensor-parallel groups.
 
-- **verl validation**: each verl RL stage's job as verl itself checks it (``verl.launch.validate_job``),
+- **verl validation**: each verl RL stage's job as verl itself checks it (``verl.validate.validate_job``),
   and what a real run needs beyond it: the trainer's imports (TransferQueue for the v1 trainer), the
   rollout and replay buffer it names, sequence parallelism only with flash-attention (the only attention
   verl patches for it), the torch rollout only on the CPU platform;
@@ -25,7 +25,7 @@ applies); ``check_profile`` runs them all. What is checked:
   gpu-pool jobs).
 
 A prompt longer than ``<stage>.verl.max_prompt_length`` needs the data, so it is refused at launch
-(``verl.launch.check_prompt_lengths``), before anything is submitted.
+(``verl.validate.check_prompt_lengths``), before anything is submitted.
 """
 
 from __future__ import annotations
@@ -265,16 +265,17 @@ def check_ray(cfg: PipelineConfig) -> list[Check]:
 
 
 def check_verl(cfg: PipelineConfig) -> list[Check]:
-    """verl's own validation of each verl RL stage's job (``verl.launch.validate_job``: verl's
+    """verl's own validation of each verl RL stage's job (``verl.validate.validate_job``: verl's
     ``validate_config`` as ``main_ppo`` calls it, and every plugin the job names resolved)."""
-    from components.training.verl.launch import validate_job  # lazy: verl
+    from components.training.verl.job import build_job  # lazy: verl (the plugins' names register them)
+    from components.training.verl.validate import validate_job  # lazy: verl
 
     rows = []
     for stage, sc in cfg.sections(RLStageConfig).items():
         if sc.backend != "verl":
             continue
         try:
-            summary = validate_job(stage, cfg).summary()
+            summary = validate_job(build_job(stage, cfg)).summary()
         except ConfigError as err:
             rows.append(Check("verl validation", stage, False, str(err)))
             continue

@@ -4,7 +4,7 @@ The config is ``components.config.PipelineConfig``, a floor above this package (
 sections), so a training function names what it uses instead of importing it; PipelineConfig satisfies each
 protocol member by member (tests/unit/core/test_config_protocols.py). They live here, in a module that
 imports only config models, so the local trainer (``components.training.rl``) and the verl job
-(``components.training.verl.launch``, which loads Ray) share one definition.
+(``components.training.verl.job``, which builds the verl job) share one definition.
 """
 
 from __future__ import annotations

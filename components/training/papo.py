@@ -22,7 +22,7 @@ the first block's branches) were sampled exactly and keep weight 1. Their log-pr
 separately (it should be ~0).
 
 On verl GPU runs the module is imported in every Ray worker through ``VERL_USE_EXTERNAL_MODULES`` and
-``actor_rollout_ref.model.external_lib`` (see ``components.training.verl.launch``). The local trainer
+``actor_rollout_ref.model.external_lib`` (see ``components.training.verl.job``). The local trainer
 (``components.training.rl``) calls the same registered functions.
 """
 

@@ -696,7 +696,9 @@ def run_rl_stage(
     if sc.backend == "verl":
         from components.training.verl.stage import run_verl_stage  # lazy: ray
 
-        return run_verl_stage(stage, cfg, init_dir, problems_dir, out_dir, work_dir, train_problems)
+        return run_verl_stage(
+            stage, cfg, init_dir, problems_dir, out_dir, work_dir, train_problems, section=sc
+        )
     model, tokenizer = load_model(init_dir, cfg.models, cfg.run, for_training=True)
     train = train_problems if train_problems is not None else load_problems(problems_dir, "train")
     _, test = load_tuning_split(problems_dir)

@@ -4,8 +4,10 @@ One package, one job per module:
 
 | module | what it does |
 |---|---|
-| ``stage`` | the stage body for ``<stage>.backend: verl``: write the job's inputs, run ``main_ppo`` on Ray, resume from the job's checkpoints, merge the last one into the stage's output, report verl's own metrics |
-| ``launch`` | the job: Hydra overrides from the typed config, parquet inputs, the Ray job command, ``validate_job`` (verl's own validation and every plugin the job names resolved) |
+| ``stage`` | the stage body for ``<stage>.backend: verl``: the job prepared (built, validated, its inputs written), run as attempt ``k``, resumed from its checkpoints, the last one merged into the stage's output, verl's own metrics reported |
+| ``job`` | building the job, once: ``build_job`` reads the stage's section and the shared settings into a ``VerlJob`` (Hydra overrides from the typed config, input paths, plugin environment, reward settings); parquet inputs and the job's record from it |
+| ``validate`` | validation as a function of the built job: ``validate_job`` (verl's own validation, every plugin the job names resolved) and ``check_inputs`` (the prompts against the model's tokenizer) |
+| ``launch`` | running the built job: the driver's argv and environment, a Ray head of its own or the cluster a submitted job runs in; ``npr verl launch`` (validate and show, or submit the stage to ``verl.ray_address``) |
 | ``ray_cluster`` | where it runs: a Ray head the stage starts and stops itself, or a running cluster it submits to |
 | ``plugins`` | what verl imports in every process of the job (``VERL_USE_EXTERNAL_MODULES``): the PAPO loss and advantage, the NPR actor engine, the tag-keeping reward manager, the ``npr_parallel`` agent loop, and the CPU platform with its ``torch`` rollout |
 
@@ -13,5 +15,7 @@ Nothing in verl is edited: every plugin goes through one of verl's registries or
 
 The package is entered lazily: ``components.training.rl`` (when a stage's backend is verl), ``npr verl
 launch`` and ``npr config check`` import it inside the function that needs it, so the local trainer never
-imports verl's trainer stack. Inside it, ``launch`` imports verl, Hydra and transformers at module top.
+imports verl's trainer stack. Inside it, ``validate`` (and the plugins) import verl's code at module top;
+``job`` calls none of it (its overrides are strings), but it reads the plugins' names from ``plugins.names``,
+whose package import registers the plugins, so importing ``job`` still imports verl.
 """

@@ -3,7 +3,8 @@
 ``run_verl_stage`` is the stage body for ``<stage>.backend: verl`` (``components.training.rl.run_rl_stage``
 calls it):
 
-1. the job's inputs and overrides (``launch.prepare_launch``: verl's own validation first);
+1. the job built once (``job.build_job``: overrides, input paths, plugin environment), validated by verl
+   (``validate``), its parquet inputs written (``prepare_job``);
 2. ``python -m verl.trainer.main_ppo <overrides>`` against a Ray head this process starts (or, inside a job
    submitted to a running cluster, against that cluster), as attempt ``k`` of the job: verl's ``file``
    logger writes to ``verl_logs/attempt-k.jsonl`` and the plugins' rollout records carry ``k``;
@@ -27,35 +28,22 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import torch
-import yaml
-
 from components.artifacts import atomic_dir
-from components.training.config import VerlSettings, rl_section
+from components.training.config import RLStageConfig, VerlSettings, rl_section
 from components.training.job import VerlJobConfig
 from components.training.verl import ray_cluster, report
-from components.training.verl.launch import VERL_ENTRY_MODULE, prepare_launch, runtime_env
+from components.training.verl.job import VERL_ENTRY_MODULE, VerlJob, build_job, read_problems, write_job_files
+from components.training.verl.launch import driver_argv, driver_env, run_driver
+from components.training.verl.validate import check_inputs, validate_job
 
 CHECKPOINTS = "checkpoints"
 TRACKER_FILE = "latest_checkpointed_iteration.txt"  # verl's record of its newest checkpoint
 STEP_LOG = "metrics.jsonl"  # the local trainer's per-step log name (components.reporting.RL_LOG)
-# Logical CPUs a head on a CPU node declares: verl's job is ~12 actors (task runner, trainer ranks, rollout
-# server, agent-loop and reward workers, TransferQueue units), most of them idle while one computes, and a
-# Ray actor holds one CPU to be scheduled; the processes themselves run one torch thread each.
-CPU_HEAD_LOGICAL_CPUS = 32
 ERROR_TAIL_LINES = 25
 
 
 class VerlJobError(RuntimeError):
     """verl's job failed; the message carries the end of its driver log."""
-
-
-def head_resources(v: VerlSettings) -> dict[str, int]:
-    """What a head the stage starts declares: the node's GPUs; on the CPU platform, one logical device
-    slot per training rank (plugins.cpu_platform) and enough logical CPUs for verl's actors."""
-    if v.device == "cpu":
-        return {"num_gpus": v.n_gpus_per_node, "num_cpus": CPU_HEAD_LOGICAL_CPUS}
-    return {"num_gpus": v.n_gpus_per_node if torch.cuda.is_available() else 0}
 
 
 def latest_checkpoint_step(run_dir: Path) -> int | None:
@@ -133,6 +121,26 @@ def _placement(stage: str, v: VerlSettings, init_dir: Path, work_dir: Path) -> t
     return True, run_dir, shared_model
 
 
+def prepare_job(
+    stage: str,
+    cfg: VerlJobConfig,
+    init_dir: Path,
+    problems_dir: Path,
+    run_dir: Path,
+    train_problems: list[dict[str, Any]] | None = None,
+    *,
+    section: RLStageConfig | None = None,
+) -> tuple[VerlJob, Path]:
+    """Build ``stage``'s job once, have verl validate it, check its problems against the starting model's
+    tokenizer and write its inputs; returns (the job, its ``verl_overrides.yaml`` record). Nothing is
+    written before verl accepts the job. ``section``: the stage's, when the caller has read it."""
+    job = build_job(stage, cfg, model_path=init_dir, run_dir=run_dir, section=section)
+    validate_job(job)
+    train, val = read_problems(job, Path(problems_dir), train_problems)
+    check_inputs(job, [*train, *val])
+    return job, write_job_files(job, train, val)
+
+
 def run_verl_stage(
     stage: str,
     cfg: VerlJobConfig,
@@ -141,44 +149,25 @@ def run_verl_stage(
     out_dir: Path,
     work_dir: Path,
     train_problems: list[dict[str, Any]] | None = None,
+    *,
+    section: RLStageConfig | None = None,
 ) -> dict[str, Any]:
-    """Train ``stage`` with verl's ``main_ppo`` and return its metrics (see the module docstring)."""
-    stage_cfg = rl_section(cfg, stage)
-    v = stage_cfg.verl
+    """Train ``stage`` with verl's ``main_ppo`` and return its metrics (see the module docstring);
+    ``section``: the stage's, as ``run_rl_stage`` read it (else looked up here)."""
+    section = section if section is not None else rl_section(cfg, stage)
+    v = section.verl
     inside, run_dir, init_dir = _placement(stage, v, Path(init_dir), Path(work_dir))
-    _, overrides_file = prepare_launch(stage, cfg, init_dir, problems_dir, run_dir, train_problems=train_problems)
-    overrides = yaml.safe_load(Path(overrides_file).read_text())["overrides"]
+    job, overrides_file = prepare_job(
+        stage, cfg, init_dir, problems_dir, run_dir, train_problems, section=section
+    )
     entry = os.environ.get("NPR_VERL_ENTRY_MODULE", VERL_ENTRY_MODULE)  # a stand-in trainer in tests
     attempt, attempt_log = report.next_attempt(run_dir)
-    # Hydra's own output folder (resolved config, log) in the run, per attempt: by default main_ppo writes
-    # outputs/<date>/<time> into the working directory, i.e. the user's checkout
-    hydra_dir = (run_dir / "hydra" / f"attempt-{attempt:02d}").resolve()
-    argv = [sys.executable, "-m", entry, *overrides, f"hydra.run.dir={hydra_dir}"]
+    argv = driver_argv(job, run_dir / "hydra" / f"attempt-{attempt:02d}", entry)
     attempt_log.parent.mkdir(parents=True, exist_ok=True)
     resumed_from = rewind_to_reported(run_dir)
-    env = dict(os.environ)
-    env.update(
-        {
-            k: value
-            for k, value in runtime_env(stage_cfg, cfg.schema_of(stage), cfg.merge_semantics)["env_vars"].items()
-            if k not in ray_cluster.NOT_FORWARDED
-        }
-    )
-    env.update(
-        {
-            report.FILE_LOGGER_ENV: str(attempt_log.resolve()),
-            report.LOG_DIR_ENV: str((run_dir / report.ROLLOUT_DIR).resolve()),
-            report.ATTEMPT_ENV: str(attempt),
-        }
-    )
+    env = driver_env(job, attempt, attempt_log)
     log = run_dir / "driver.log"
-    if inside:
-        returncode = ray_cluster.run_driver(argv, "auto", env, log)
-    else:
-        with ray_cluster.RayHead.start(
-            v.ray_head_host, env=env, dashboard=v.ray_dashboard, **head_resources(v)
-        ) as head:
-            returncode = ray_cluster.run_driver(argv, head.address, head.env, log)
+    returncode = run_driver(job, argv, env, log, inside=inside)
     if returncode != 0:
         raise VerlJobError(
             f"verl job for {stage} failed with exit code {returncode} (attempt {attempt}); driver log {log}, "
@@ -194,7 +183,7 @@ def run_verl_stage(
 
     records = report.step_records(stage, run_dir)
     report.write_step_log(records, Path(work_dir) / STEP_LOG)
-    metrics = report.summarize(records, stage_cfg.algorithm)
+    metrics = report.summarize(records, job.section.algorithm)
     metrics.update(
         {
             "backend": "verl",
@@ -211,8 +200,8 @@ def run_verl_stage(
 __all__ = [
     "VerlJobError",
     "checkpoint_dirs",
-    "head_resources",
     "latest_checkpoint_step",
+    "prepare_job",
     "rewind_to_reported",
     "run_verl_stage",
 ]

@@ -26,13 +26,9 @@ from components.models.tags import add_tag_tokens
 from components.prompts import chat_messages
 from components.structure import TagIds, post_merge_mask
 from components.training.rl_batch import Rollout, build_policy_batch, response_log_probs
-from components.training.verl.launch import (
-    VerlRunInputs,
-    build_overrides,
-    compose_verl_config,
-    reward_settings,
-)
+from components.training.verl.job import VerlRunInputs, build_overrides, reward_settings
 from components.training.verl.plugins.agent_loop import NPRParallelAgentLoop, registered_agent_loop
+from components.training.verl.validate import compose_verl_config
 
 INPUTS = VerlRunInputs("/models/npr-beta", "/data/train.parquet", "/data/val.parquet", "/runs/papo")
 
@@ -83,7 +79,7 @@ def dataset_row(problem: dict, cfg, split: str = "train", session: int = 0) -> d
             "id": problem["id"],
             "split": split,
             "held_out": split != "train",
-            **reward_settings(cfg.papo_rl, cfg),
+            **reward_settings(cfg.papo_rl, cfg.grading, cfg.schema_name),
         },
         "uid": problem["id"],
         "session_id": session,
@@ -211,7 +207,7 @@ def test_parallel_r1_rollouts_fork_at_parallel_into_the_paths_the_row_asks_for(w
             return await super().generate(request_id, prompt_ids=prompt_ids, sampling_params=sampling_params)
 
     def row(problem: dict) -> dict:
-        settings = reward_settings(cfg.pr1_rl, cfg, "parallel_r1")
+        settings = reward_settings(cfg.pr1_rl, cfg.grading, "parallel_r1")
         return {
             **dataset_row(problem, cfg),
             "raw_prompt": chat_messages(problem["problem"], cfg.prompts, "parallel_r1"),

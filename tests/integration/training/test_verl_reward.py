@@ -17,13 +17,9 @@ from components.config import load_config
 from components.data.synthetic import expression_of, generate_problems, render_parallel
 from components.models.tiny import tiny_test_world
 from components.prompts import render_prompt
-from components.training.verl.launch import (
-    VerlRunInputs,
-    build_overrides,
-    compose_verl_config,
-    reward_settings,
-)
+from components.training.verl.job import VerlRunInputs, build_overrides, reward_settings
 from components.training.verl.plugins.reward import TagKeepingRewardManager
+from components.training.verl.validate import compose_verl_config
 
 INPUTS = VerlRunInputs("/models/m", "/data/train.parquet", "/data/val.parquet", "/runs/x")
 
@@ -49,7 +45,7 @@ def _sample(tok, cfg, problem: dict, response: str, stage: str) -> DataProto:
             "data_source": np.array(["synthetic"], dtype=object),
             "reward_model": np.array([{"ground_truth": str(problem["answer"])}], dtype=object),
             "extra_info": np.array(
-                [{"id": problem["id"], "split": "train", **reward_settings(getattr(cfg, stage), cfg)}],
+                [{"id": problem["id"], "split": "train", **reward_settings(getattr(cfg, stage), cfg.grading, cfg.schema_name)}],
                 dtype=object,
             ),
         },
@@ -139,7 +135,7 @@ def test_the_manager_hands_the_training_step_to_a_scheduled_reward(tokenizer, in
         non_tensors = {
             "data_source": np.array(["synthetic"], dtype=object),
             "reward_model": np.array([{"ground_truth": "7"}], dtype=object),
-            "extra_info": np.array([reward_settings(cfg.pr1_rl, cfg, "parallel_r1")], dtype=object),
+            "extra_info": np.array([reward_settings(cfg.pr1_rl, cfg.grading, "parallel_r1")], dtype=object),
         }
         if step is not None:
             non_tensors["global_steps"] = np.array([step])

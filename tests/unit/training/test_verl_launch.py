@@ -1,9 +1,10 @@
-"""verl launch: every generated override set composes with the installed verl's packaged Hydra config, and
-verl's own validation accepts the job (``validate_job``) for both profiles and every RL stage (NPR's three,
-Parallel-R1's ``pr1_rl`` in both its Unseen and Seen variants)."""
+"""The verl job: every generated override set composes with the installed verl's packaged Hydra config, and
+verl's own validation accepts the job (``validate_job`` of the built job) for both profiles and every RL stage
+(NPR's three, Parallel-R1's ``pr1_rl`` in both its Unseen and Seen variants); the stage builds its job once."""
 
 from __future__ import annotations
 
+import collections
 import json
 import shlex
 from pathlib import Path
@@ -16,19 +17,26 @@ from verl.trainer.config import AlgoConfig
 from verl.utils.config import omega_conf_to_dataclass
 
 from components.config import ConfigError, load_config, rl_stages
-from components.training.verl.launch import (
+from components.training.verl.job import (
     PLUGIN_MODULE,
     VerlRunInputs,
+    build_job,
     build_overrides,
-    compose_verl_config,
-    launch,
     ray_job_command,
-    validate_job,
-    write_launch_files,
+    write_job_files,
 )
+from components.training.verl.launch import launch
+from components.training.verl.validate import VerlJobCheck, compose_verl_config
+from components.training.verl.validate import validate_job as validate_built_job
 
 INPUTS = VerlRunInputs("/models/seed", "/data/train.parquet", "/data/val.parquet", "/runs/x")
 STAGES = list(rl_stages())  # every RL section (by type), as the launcher accepts them
+
+
+def validate_job(stage: str, cfg) -> VerlJobCheck:
+    """verl's validation of ``stage``'s job as ``build_job`` builds it from ``cfg`` (the stage and `npr verl
+    launch` do the same)."""
+    return validate_built_job(build_job(stage, cfg))
 
 
 @pytest.mark.parametrize("profile", ["tiny", "qwen3-4b"])
@@ -123,26 +131,24 @@ def test_ray_job_command_imports_plugins_and_files_are_written(tmp_path):
     # a stage submitted to a running Ray cluster (the profile's own-head form is checked at the end)
     on_cluster = [f"{s}.verl.ray_address=http://head:8265" for s in ("papo_rl", "npr_zero")]
     cfg = load_config(profile="qwen3-4b", overrides=on_cluster)
-    overrides = build_overrides("papo_rl", cfg.papo_rl, INPUTS, "npr")
-    argv = ray_job_command(cfg.papo_rl, overrides, "job-1")
-    assert argv[:3] == ["ray", "job", "submit"]
+    job = build_job("papo_rl", cfg, model_path="/models/seed", run_dir=tmp_path / "run")
+    argv = ray_job_command(job)
+    assert argv[:3] == ["ray", "job", "submit"] and f"--submission-id={job.job_id}" in argv
     env = json.loads(next(a for a in argv if a.startswith("--runtime-env-json=")).split("=", 1)[1])
     assert env["env_vars"]["VERL_USE_EXTERNAL_MODULES"] == PLUGIN_MODULE
     assert env["env_vars"]["VERL_ENGINE_VENDOR"] == "npr" and env["env_vars"]["NPR_SCHEMA"] == "npr"
     assert argv[argv.index("--") + 1 : argv.index("--") + 4] == ["python", "-m", "verl.trainer.main_ppo"]
-    path = write_launch_files(tmp_path, "papo_rl", cfg.papo_rl, overrides, "job-1")
+    problems = [{"id": "p1", "problem": "Compute 1 + 2.", "answer": "3"}]
+    path = write_job_files(job, problems, problems)
     saved = yaml.safe_load(path.read_text())
-    assert saved["overrides"] == overrides and "verl.trainer.main_ppo" in saved["command"]
-    dapo_env = json.loads(
-        next(a for a in ray_job_command(cfg.npr_zero, [], "j") if a.startswith("--runtime-env-json=")).split(
-            "=", 1
-        )[1]
-    )
+    assert saved["overrides"] == job.overrides and "verl.trainer.main_ppo" in saved["command"]
+    dapo_argv = ray_job_command(build_job("npr_zero", cfg))
+    dapo_env = json.loads(next(a for a in dapo_argv if a.startswith("--runtime-env-json=")).split("=", 1)[1])
     # DAPO stages import the plugins too (the tag-keeping reward manager) but keep verl's stock actor
     assert dapo_env["env_vars"]["VERL_USE_EXTERNAL_MODULES"] == PLUGIN_MODULE
     assert "VERL_ENGINE_VENDOR" not in dapo_env["env_vars"]
     # ray_address null (the profile): the driver as the stage runs it against the head it starts
-    own = ray_job_command(load_config(profile="qwen3-4b").papo_rl, overrides, "job-1")
+    own = ray_job_command(build_job("papo_rl", load_config(profile="qwen3-4b")))
     assert own[0] == "env" and "VERL_ENGINE_VENDOR=npr" in own
     assert own[own.index("python") : own.index("python") + 3] == ["python", "-m", "verl.trainer.main_ppo"]
 
@@ -153,7 +159,7 @@ def test_rows_carry_the_stage_reward_to_compute_score(tmp_path):
 
     from components.config import load_config
     from components.grading.verl_reward import compute_score
-    from components.training.verl.launch import reward_settings, write_verl_parquet
+    from components.training.verl.job import reward_settings, write_verl_parquet
 
     cfg = load_config(profile="tiny")
     problems = [{"id": "p1", "problem": "Compute (1 + 2) + (3 + 4).", "answer": "10", "source": "synthetic"}]
@@ -162,7 +168,7 @@ def test_rows_carry_the_stage_reward_to_compute_score(tmp_path):
     verdicts = {}
     for stage in ("papo_rl", "npr_zero"):
         path = tmp_path / f"{stage}.parquet"
-        write_verl_parquet(problems, path, cfg.prompts, "parallel", reward_settings(getattr(cfg, stage), cfg))
+        write_verl_parquet(problems, path, cfg.prompts, "parallel", reward_settings(getattr(cfg, stage), cfg.grading, cfg.schema_name))
         row = pd.read_parquet(path).iloc[0]
         verdicts[stage] = compute_score(
             row["data_source"],
@@ -279,16 +285,16 @@ def _model_dir(tmp_path: Path) -> Path:
 
 
 def test_papo_stage_on_qwen3_4b_prepares_a_validated_native_parallel_job(tmp_path, in_repo):
-    """What `npr stage papo_rl` (backend verl) writes before it submits: the job validate_job accepted,
+    """What `npr stage papo_rl` (backend verl) writes before it runs: the job validate_job accepted,
     with a held-out validation set of the stage's eval_n problems."""
     import pandas as pd
 
-    from components.training.verl.launch import prepare_launch
+    from components.training.verl.stage import prepare_job
 
     cfg = load_config(profile="qwen3-4b")
     problems = _problems_dir(tmp_path, n_train=8, n_test=40)
     run_dir = tmp_path / "verl"
-    argv, path = prepare_launch("papo_rl", cfg, _model_dir(tmp_path), problems, run_dir)
+    job, path = prepare_job("papo_rl", cfg, _model_dir(tmp_path), problems, run_dir)
     saved = yaml.safe_load(path.read_text())
     overrides = set(saved["overrides"])
     assert "actor_rollout_ref.rollout.agent.default_agent_loop=npr_parallel" in overrides
@@ -296,11 +302,55 @@ def test_papo_stage_on_qwen3_4b_prepares_a_validated_native_parallel_job(tmp_pat
     assert "+actor_rollout_ref.model.override_config.attn_implementation=sdpa" in overrides
     assert "reward.reward_manager.name=npr" in overrides
     assert saved["runtime_env"]["env_vars"]["VERL_ENGINE_VENDOR"] == "npr"
-    assert argv == shlex.split(saved["command"])
+    assert ray_job_command(job) == shlex.split(saved["command"])
     val = pd.read_parquet(run_dir / "val.parquet")
     assert len(val) == cfg.papo_rl.eval_n == 30 and set(val["extra_info"].map(lambda e: e["split"])) == {
         "test"
     }
+
+
+def test_the_stage_builds_its_job_once(tmp_path, in_repo, monkeypatch):
+    """From `npr stage papo_rl --set papo_rl.backend=verl` to main_ppo's argv and environment: the overrides,
+    the input paths, the plugin environment and the reward settings are built once, the starting model's
+    tokenizer is loaded once, and the driver gets the built overrides (none read back from a file)."""
+    from components.training.verl import job as job_module
+    from components.training.verl import launch as launch_module
+    from components.training.verl import stage as stage_module
+    from components.training.verl import validate as validate_module
+
+    calls: collections.Counter[str] = collections.Counter()
+
+    def count(module, name: str) -> None:
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, **k: calls.update([name]) or real(*a, **k))
+
+    for name in ("build_overrides", "VerlRunInputs", "plugin_env_vars", "reward_settings"):
+        count(job_module, name)
+    count(stage_module, "build_job")
+    tokenizers = validate_module.AutoTokenizer
+
+    class CountingTokenizer:
+        @staticmethod
+        def from_pretrained(*args, **kwargs):
+            calls.update(["tokenizer"])
+            return tokenizers.from_pretrained(*args, **kwargs)
+
+    monkeypatch.setattr(validate_module, "AutoTokenizer", CountingTokenizer)
+    cfg = load_config(profile="qwen3-4b", overrides=["papo_rl.backend=verl"])
+    problems = _problems_dir(tmp_path, n_train=8, n_test=40)
+    job, _ = stage_module.prepare_job("papo_rl", cfg, _model_dir(tmp_path), problems, tmp_path / "verl")
+    argv = launch_module.driver_argv(job, tmp_path / "verl" / "hydra")
+    env = launch_module.driver_env(job, 1, tmp_path / "verl" / "attempt-01.jsonl")
+    ray_job_command(job)
+    assert calls == {
+        "build_job": 1,
+        "build_overrides": 1,
+        "VerlRunInputs": 1,
+        "plugin_env_vars": 1,
+        "reward_settings": 1,
+        "tokenizer": 1,
+    }
+    assert argv[3:-1] == job.overrides and env["VERL_ENGINE_VENDOR"] == "npr" and env["NPR_SCHEMA"] == "npr"
 
 
 def test_the_validation_set_is_the_val_split_when_sample_orz_wrote_one(tmp_path, in_repo):
@@ -309,24 +359,24 @@ def test_the_validation_set_is_the_val_split_when_sample_orz_wrote_one(tmp_path,
 
     from components.artifacts import write_shards
     from components.data.synthetic import generate_problems
-    from components.training.verl.launch import prepare_launch
+    from components.training.verl.stage import prepare_job
 
     cfg = load_config(profile="qwen3-4b")
     problems = _problems_dir(tmp_path, n_train=8, n_test=40)
     val_rows = [{**r, "split": "val"} for r in generate_problems(40, seed=3)]
     write_shards(problems, val_rows, 1, stem="val")
-    prepare_launch("papo_rl", cfg, _model_dir(tmp_path), problems, tmp_path / "verl")
+    prepare_job("papo_rl", cfg, _model_dir(tmp_path), problems, tmp_path / "verl")
     val = pd.read_parquet(tmp_path / "verl" / "val.parquet")
     assert len(val) == cfg.papo_rl.eval_n and set(val["extra_info"].map(lambda e: e["split"])) == {"val"}
 
 
 def test_a_profile_without_held_out_problems_fails_before_any_file_is_written(tmp_path, in_repo):
-    from components.training.verl.launch import prepare_launch
+    from components.training.verl.stage import prepare_job
 
     cfg = load_config(profile="qwen3-4b")
     problems = _problems_dir(tmp_path, n_train=8, n_test=0)
     with pytest.raises(ConfigError, match="sample_orz.test_n"):
-        prepare_launch("papo_rl", cfg, _model_dir(tmp_path), problems, tmp_path / "verl")
+        prepare_job("papo_rl", cfg, _model_dir(tmp_path), problems, tmp_path / "verl")
     assert not (tmp_path / "verl" / "train.parquet").exists()
 
 
@@ -337,7 +387,7 @@ def test_a_prompt_longer_than_max_prompt_length_is_refused_before_launch(tmp_pat
     from verl.experimental.agent_loop.agent_loop import AgentLoopBase
 
     from components.config import ConfigError
-    from components.training.verl.launch import prepare_launch
+    from components.training.verl.stage import prepare_job
 
     # what verl itself would do with such a prompt: keep its last max_prompt_length tokens
     class _Loop(AgentLoopBase):  # any concrete loop: the cap is the base class's
@@ -352,7 +402,7 @@ def test_a_prompt_longer_than_max_prompt_length_is_refused_before_launch(tmp_pat
     cfg = load_config(profile="qwen3-4b", overrides=["papo_rl.verl.max_prompt_length=24"])
     problems = _problems_dir(tmp_path, n_train=8, n_test=40)
     with pytest.raises(ConfigError, match=r"papo_rl.verl.max_prompt_length 24: \d+ of \d+ prompts are longer"):
-        prepare_launch("papo_rl", cfg, _model_dir(tmp_path), problems, tmp_path / "verl")
+        prepare_job("papo_rl", cfg, _model_dir(tmp_path), problems, tmp_path / "verl")
     assert not (tmp_path / "verl" / "train.parquet").exists()
 
 
@@ -361,14 +411,14 @@ def test_a_parallel_job_from_a_model_without_the_schemas_tags_is_refused_before_
     tags failed in its agent loop, after Ray and the trainer had started."""
     from components.models.loading import save_model
     from components.models.tiny import tiny_test_world
-    from components.training.verl.launch import prepare_launch
+    from components.training.verl.stage import prepare_job
 
     cfg = load_config(profile="qwen3-4b")
     problems = _problems_dir(tmp_path, n_train=8, n_test=40)
     model, tok = tiny_test_world(seed=0, schema_name="npr")  # NPR's tags only
     path = save_model(model, tok, tmp_path / "npr-only")
     with pytest.raises(ConfigError, match="cannot decode the 'parallel_r1' schema natively in parallel"):
-        prepare_launch("pr1_rl", cfg, path, problems, tmp_path / "verl", train_problems=[{"id": "p", "problem": "1+1", "answer": "2"}])
+        prepare_job("pr1_rl", cfg, path, problems, tmp_path / "verl", train_problems=[{"id": "p", "problem": "1+1", "answer": "2"}])
 
 
 @pytest.mark.parametrize("stage", ["papo_rl", "sr_rl"])

@@ -1,7 +1,7 @@
 """npr-pipeline's verl plugins: importing this package registers them in verl's own registries.
 
 verl imports the package in every process of a job (``VERL_USE_EXTERNAL_MODULES``, set by
-``components.training.verl.launch`` in the Ray runtime env, and ``actor_rollout_ref.model.external_lib``):
+``components.training.verl.job`` in the Ray runtime env, and ``actor_rollout_ref.model.external_lib``):
 
 | plugin | registry (key) | selected by |
 |---|---|---|
@@ -14,7 +14,7 @@ verl imports the package in every process of a job (``VERL_USE_EXTERNAL_MODULES`
 | ``torch_rollout``: ``TorchReplica`` / ``TorchRolloutServer`` (the project's torch token server) and ``TorchServerAdapter`` (weight sync) | ``RolloutReplicaRegistry`` and the rollout registry (``torch``) | ``rollout.name`` (``verl.rollout_name: torch``) |
 | ``vllm_rollout``: ``VLLMServerReplica`` / ``VLLMRolloutServer`` (a stock vLLM server, given the trainer's weights after every update) and ``TorchServerAdapter`` | ``RolloutReplicaRegistry`` and the rollout registry (``vllm_server``) | ``rollout.name`` (``verl.rollout_name: vllm_server``) |
 
-No verl file is edited; ``components.training.verl.launch.validate_job`` checks that a job selects them.
+No verl file is edited; ``components.training.verl.validate.validate_job`` checks that a job selects them.
 """
 
 # the platform first: it wraps verl's process-group setup before verl's workers import it
