@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import sys
 import tomllib
@@ -154,7 +155,16 @@ def test_differences_follow_pips_rule_for_local_builds() -> None:
 
 def test_this_suite_runs_in_exactly_the_cpu_lock() -> None:
     """What `make install` installs on a fresh clone, and CI tests: no locked package missing or at another
-    version, nothing installed that the lock does not name (the project itself aside)."""
+    version, nothing installed that the lock does not name (the project itself aside). Under `make
+    test-image` the environment is the image-versions lock, plus only its no_deps packages (SGLang's parser)."""
+    if os.environ.get("NPR_TEST_IMAGE") == "1":
+        image = envlock.target("image", ROOT)
+        got = envlock.compare(image, envlock.installed(), ROOT)
+        assert (got["mismatched"], set(got["unlocked"])) == (
+            [],
+            set(map(envlock.normalize, image.table["no_deps"])),
+        )
+        return
     env = envlock.environment(ROOT)
     assert env["lock"] == "requirements.lock"
     assert env["lock_sha256"] == hashlib.sha256(CPU_LOCK.read_bytes()).hexdigest()
