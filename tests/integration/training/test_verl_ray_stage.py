@@ -5,11 +5,12 @@ merger into the stage's output, and the head and everything it started are gone 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
-import subprocess
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -57,7 +58,7 @@ def test_a_verl_stage_starts_its_own_ray_head_and_merges_its_checkpoint(
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     cfg = load_config(profile="qwen3-4b", overrides=["papo_rl.steps=3"])
     work, out = tmp_path / "work", tmp_path / "out" / "model"
-    heads_before = _ray_heads()
+    heads_before = _ray_heads(token)
     metrics = run_verl_stage("papo_rl", cfg, init, problems, out, work)
 
     assert metrics["steps"] == 3 and metrics["ray"] == "own head on 127.0.0.1"
@@ -80,9 +81,17 @@ def test_a_verl_stage_starts_its_own_ray_head_and_merges_its_checkpoint(
         assert torch.equal(merged[key], tensor.to(torch.bfloat16)), key
     assert (out / "tokenizer_config.json").exists() and (out / "config.json").exists()
     # the head (and its GCS, raylet, dashboard, workers) is stopped: no new Ray process is left
-    assert _ray_heads() == heads_before
+    assert _ray_heads(token) == heads_before
 
 
-def _ray_heads() -> set[int]:
-    out = subprocess.run(["pgrep", "-f", "ray start --head"], capture_output=True, text=True, check=False)
-    return {int(p) for p in out.stdout.split()}
+def _ray_heads(token: str) -> set[int]:
+    """This test's Ray heads: ``ray start --head`` processes holding its auth token (another Ray on the machine,
+    a developer's or another suite's, is not the stage's)."""
+    out = set()
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = proc.info["cmdline"] or []
+        if cmd and "ray" in Path(cmd[0]).name and "start" in cmd and "--head" in cmd:
+            with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+                if proc.environ().get("RAY_AUTH_TOKEN") == token:
+                    out.add(proc.pid)
+    return out
