@@ -64,8 +64,8 @@ test-image: lint $(IMAGE_VENV)/.ready
 	NPR_TEST_IMAGE=1 $(IMAGE_VENV)/bin/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup \
 	  --timeout=1500 tests/unit tests/image
 
-# Re-resolve every locked environment (requirements.lock, the GPU image's infra/gpu/requirements.txt and the
-# vLLM server's infra/vllm/requirements.txt)
+# Re-resolve every locked environment (requirements.lock, the GPU image's infra/gpu/requirements.txt, the
+# vLLM server's infra/vllm/requirements.txt and the image-versions test's infra/gpu/image-versions.lock)
 # after a change to pyproject.toml's dependencies or its [tool.npr.lock.*] tables. Needs the package
 # registry; the committed locks are the preferences, so only the pins the change forces move. Pass uv
 # options through UV_ARGS (UV_ARGS='--upgrade-package rich').
