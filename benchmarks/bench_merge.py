@@ -210,6 +210,7 @@ def papo_run(
     from components.data.problems import load_problems, load_tuning_split
     from components.data.synthetic import generate_problems
     from components.models.loading import load_model
+    from components.training.job import rl_job  # lazy: with the trainer (torch, verl)
     from components.training.rl import RLTrainer
 
     sc = cfg.papo_rl.model_copy(
@@ -233,7 +234,7 @@ def papo_run(
     model, tokenizer = load_model(checkpoint, cfg.models, cfg.run, for_training=True)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as work:
-        result = RLTrainer("papo_rl", run_cfg, model, tokenizer, train, test, Path(work)).run()
+        result = RLTrainer(rl_job("papo_rl", run_cfg), model, tokenizer, train, test, Path(work)).run()
     history = result.history
     keys = [
         "rollout_corr/pre_merge_abs_logp_diff_max",

@@ -42,6 +42,7 @@ from components.data import synthetic  # noqa: E402
 from components.models.loading import load_tokenizer  # noqa: E402
 from components.models.tiny import build_tiny_model  # noqa: E402
 from components.prompts import render_prompt  # noqa: E402
+from components.training.job import rl_job  # noqa: E402
 from components.training.rl import RLTrainer  # noqa: E402
 from components.training.rl_batch import Rollout  # noqa: E402
 from components.training.sft import SFTSettings, _train_step, build_optimizer, build_scheduler  # noqa: E402
@@ -136,7 +137,7 @@ def rl_updates(cfg, tok, repeats: int, stage: str, n_groups: int = 16, group: in
             cfg.models.tiny, tok, 0, pad_vocab_to_multiple_of=cfg.models.pad_embeddings_to_multiple_of
         )
         trainers[size] = RLTrainer(
-            stage, c, model, tok, problems, problems, Path("/tmp/npr-bench-padding") / str(size)
+            rl_job(stage, c), model, tok, problems, problems, Path("/tmp/npr-bench-padding") / str(size)
         )
     times: dict[int | None, list[float]] = {m: [] for m in trainers}
     for k in range(repeats + 1):

@@ -536,13 +536,13 @@ def training_rows(
         root=ROOT,  # the prompts live in the checkout
     )
     if _verl_importable():
+        from components.training.job import rl_job  # lazy: the node's environment (torch, verl)
         from components.training.rl import RLTrainer
 
         problems = [{"id": "p", "problem": "x", "answer": "1"}]
         with measure(device) as reading:
-            trainer = RLTrainer(
-                "papo_rl", cfg, model, tok, problems, problems, Path(tempfile.mkdtemp(prefix="npr-smoke-rl-"))
-            )
+            work = Path(tempfile.mkdtemp(prefix="npr-smoke-rl-"))
+            trainer = RLTrainer(rl_job("papo_rl", cfg), model, tok, problems, problems, work)
             start = time.perf_counter()
             stats = trainer._update([rollouts], collections.Counter())
             if device.type == "cuda":

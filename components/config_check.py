@@ -267,7 +267,7 @@ def check_ray(cfg: PipelineConfig) -> list[Check]:
 def check_verl(cfg: PipelineConfig) -> list[Check]:
     """verl's own validation of each verl RL stage's job (``verl.validate.validate_job``: verl's
     ``validate_config`` as ``main_ppo`` calls it, and every plugin the job names resolved)."""
-    from components.training.verl.job import build_job  # lazy: verl (the plugins' names register them)
+    from components.training.verl.job import build_job  # lazy: pandas, pyarrow (its parquet inputs)
     from components.training.verl.validate import validate_job  # lazy: verl
 
     rows = []

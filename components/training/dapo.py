@@ -21,9 +21,6 @@ from typing import Generic, TypeVar
 import numpy as np
 import torch
 
-DAPO_POLICY_LOSS = "vanilla"
-DAPO_ADV_ESTIMATOR = "grpo"
-
 G = TypeVar("G")
 
 

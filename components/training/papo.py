@@ -42,7 +42,7 @@ from verl.trainer.ppo.core_algos import (
 )
 from verl.utils import torch_functional as verl_F
 
-PAPO_NAME = "papo"
+from components.training.verl.plugin_names import PAPO_NAME
 
 
 def compute_papo_advantage(

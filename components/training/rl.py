@@ -59,9 +59,9 @@ from components.prompts import render_prompt
 from components.structure import TagIds, parse_text, post_merge_mask, trace_metrics
 from components.tracking import stage_run
 from components.training.checkpoint import TrainingState, latest_checkpoint, load_checkpoint, save_checkpoint
-from components.training.config import RLStageConfig, rl_section
+from components.training.config import RLStageConfig
 from components.training.dapo import DynamicSampler, DynamicSamplingStats, overlong_penalty
-from components.training.job import RLJobConfig, RLTrainerConfig
+from components.training.job import RLJob
 from components.training.papo import post_merge_is_weights
 from components.training.precision import build_adamw, compute_autocast, stepped_parameters
 from components.training.rl_batch import (
@@ -108,32 +108,28 @@ def lr_lambda(stage_cfg: RLStageConfig) -> Callable[[int], float]:
 
 
 class RLTrainer:
-    """One RL stage on a local model. ``run()`` trains (resuming if a checkpoint exists) and evaluates."""
+    """One RL stage on a local model. ``run()`` trains (resuming if a checkpoint exists) and evaluates.
+
+    ``job`` is the stage's settings, read once (``components.training.job.rl_job``); the trainer reads its
+    section, schema, merge semantics, prompts, grading, compute precision and generation extras from it."""
 
     def __init__(
         self,
-        stage: str,
-        cfg: RLTrainerConfig,
+        job: RLJob,
         model: Any,
         tokenizer: Any,
         train_problems: list[dict[str, Any]],
         eval_problems: list[dict[str, Any]],
         work_dir: Path,
         tracker: Any | None = None,
-        *,
-        stage_cfg: RLStageConfig | None = None,
-        schema: str | None = None,
-        generation: dict[str, Any] | None = None,
     ) -> None:
-        # stage_cfg: the stage's section (default: rl_section(cfg, stage)); schema: the structure schema of its
-        # traces (default: the pipeline's schema_name; pr1_rl: parallel_r1); generation: extra GenerationConfig
-        # fields of its rollouts and evaluations (Parallel-R1's paths per block).
-        self.stage, self.cfg = stage, cfg
-        self.sc = stage_cfg if stage_cfg is not None else rl_section(cfg, stage)
-        self.schema = schema or cfg.schema_name
+        self.job = job
+        self.stage = stage = job.stage
+        self.sc = job.section
+        self.schema = job.schema
         # what post-merge tokens see in the trainer's forward (components.structure.merge)
-        self.merge = cfg.merge_semantics
-        self.generation = dict(generation or {})
+        self.merge = job.merge_semantics
+        self.generation = dict(job.generation)
         self.model, self.tokenizer = model, tokenizer
         if not train_problems:
             raise ValueError(f"{stage}: no training problems")
@@ -184,7 +180,7 @@ class RLTrainer:
         )
 
     def _prompt(self, problem: dict[str, Any]) -> str:
-        return render_prompt(self.tokenizer, problem["problem"], self.cfg.prompts, self.sc.prompt_style)
+        return render_prompt(self.tokenizer, problem["problem"], self.job.prompts, self.sc.prompt_style)
 
     def _next_problems(self, n: int) -> list[dict[str, Any]]:
         out = []
@@ -216,7 +212,7 @@ class RLTrainer:
             [g.text for g in gens],
             golds,
             self.schema,
-            self.cfg.grading,
+            self.job.grading,
             # A rollout cut off by the token budget has no answer, so no correct-answer reward.
             finish_reasons=[g.finish_reason for g in gens],
             # scheduled rewards (Parallel-R1's alternating one) read the 1-based step being trained
@@ -336,7 +332,7 @@ class RLTrainer:
                         batch = build_policy_batch(
                             [rollouts[i] for i in idx], self.pad_id, parallel_tags, self.merge
                         )
-                        with compute_autocast(self.cfg.run.autocast, device):
+                        with compute_autocast(self.job.run.autocast, device):
                             old_log_probs[k, m], _ = response_log_probs(
                                 self.model, batch.to(device), self.sc.temperature
                             )
@@ -359,7 +355,7 @@ class RLTrainer:
                 batch = build_policy_batch(
                     [rollouts[i] for i in idx], self.pad_id, parallel_tags, self.merge
                 ).to(device)
-                with compute_autocast(self.cfg.run.autocast, device):  # the policy forward's compute dtype
+                with compute_autocast(self.job.run.autocast, device):  # the policy forward's compute dtype
                     log_prob, entropy = response_log_probs(
                         self.model, batch, self.sc.temperature, with_entropy=True
                     )
@@ -469,7 +465,7 @@ class RLTrainer:
             [g.text for g in gens],
             [str(p["answer"]) for p in problems],
             self.schema,
-            self.cfg.grading,
+            self.job.grading,
             purpose="evaluation",
             finish_reasons=[g.finish_reason for g in gens],
         )
@@ -669,56 +665,30 @@ class RLTrainer:
             self.tracker.log(flat, step=self.step)
 
 
-def run_rl_stage(
-    stage: str,
-    cfg: RLJobConfig,
-    io: Any,
-    *,
-    stage_cfg: RLStageConfig | None = None,
-    schema: str | None = None,
-    generation: dict[str, Any] | None = None,
-    train_problems: list[dict[str, Any]] | None = None,
-) -> dict[str, Any]:
+def train_rl(job: RLJob, train_problems: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The body of the RL stages (``npr_zero``, ``papo_rl``, ``sr_rl``, ``pr1_rl``): train, save, return metrics.
 
-    Reads ``<init_from>/model`` and ``sample_orz/problems`` (train split to train on unless ``train_problems``
-    are given; the held-out evals read the validation split when there is one, else the test split:
-    ``load_tuning_split``); writes ``model`` atomically; checkpoints and the step log live in
-    ``artifacts/<stage>/work``. ``stage_cfg`` / ``schema`` / ``generation``: see ``RLTrainer``.
+    Reads the job's starting model and problems (the train split to train on unless ``train_problems`` are
+    given; the held-out evals read the validation split when there is one, else the test split:
+    ``load_tuning_split``); writes its model atomically; checkpoints and the step log live in its work dir.
+    ``backend: verl`` hands the same job to verl's trainer (``components.training.verl.stage``).
     """
     from components.models.loading import load_model, save_model  # lazy: transformers
 
-    sc = stage_cfg if stage_cfg is not None else rl_section(cfg, stage)
-    init_dir = io.input(f"{sc.init_from}/model")
-    problems_dir = io.input("sample_orz/problems")
-    out_dir = io.output("model")
-    work_dir = Path(out_dir).parent / "work"
-    if sc.backend == "verl":
+    paths = job.stage_paths()
+    if job.section.backend == "verl":
         from components.training.verl.stage import run_verl_stage  # lazy: ray
 
-        return run_verl_stage(
-            stage, cfg, init_dir, problems_dir, out_dir, work_dir, train_problems, section=sc
-        )
-    model, tokenizer = load_model(init_dir, cfg.models, cfg.run, for_training=True)
-    train = train_problems if train_problems is not None else load_problems(problems_dir, "train")
-    _, test = load_tuning_split(problems_dir)
-    work_dir.mkdir(parents=True, exist_ok=True)
-    with stage_run(cfg, stage, work_dir) as tracker:
-        trainer = RLTrainer(
-            stage,
-            cfg,
-            model,
-            tokenizer,
-            train,
-            test,
-            work_dir,
-            tracker,
-            stage_cfg=sc,
-            schema=schema,
-            generation=generation,
-        )
+        return run_verl_stage(job, train_problems)
+    model, tokenizer = load_model(paths.starts_from, job.models, job.run, for_training=True)
+    train = train_problems if train_problems is not None else load_problems(paths.problems, "train")
+    _, test = load_tuning_split(paths.problems)
+    paths.work_dir.mkdir(parents=True, exist_ok=True)
+    # inside a stage (components.stages.run_stage) this joins the stage's run, opened with the whole config
+    with stage_run(job.tracking, job.stage, paths.work_dir) as tracker:
+        trainer = RLTrainer(job, model, tokenizer, train, test, paths.work_dir, tracker)
         result = trainer.run()
         tracker.summary({k: v for k, v in result.metrics.items() if isinstance(v, (int, float))})
-    with atomic_dir(out_dir) as tmp:
+    with atomic_dir(paths.writes) as tmp:
         save_model(model, tokenizer, tmp)
     return result.metrics

@@ -17,22 +17,7 @@ from verl.workers.config.actor import PolicyLossConfig
 
 import components.training.papo as papo  # noqa: F401  (registers the `papo` loss and estimator)
 from components.training.config import RLStageConfig
-from components.training.dapo import DAPO_ADV_ESTIMATOR, DAPO_POLICY_LOSS
-
-# algorithm -> (verl advantage estimator, verl policy loss)
-ALGORITHMS: dict[str, tuple[str, str]] = {
-    "dapo": (DAPO_ADV_ESTIMATOR, DAPO_POLICY_LOSS),
-    # GRPO as Parallel-R1 runs it: the same verl functions, no dynamic sampling (the trainers' concern)
-    "grpo": (DAPO_ADV_ESTIMATOR, DAPO_POLICY_LOSS),
-    "papo": (papo.PAPO_NAME, papo.PAPO_NAME),
-}
-
-
-def verl_names(algorithm: str) -> tuple[str, str]:
-    """(advantage estimator, policy loss) registered in verl for ``algorithm``."""
-    if algorithm not in ALGORITHMS:
-        raise ValueError(f"unknown RL algorithm {algorithm!r}; known: {sorted(ALGORITHMS)}")
-    return ALGORITHMS[algorithm]
+from components.training.verl.plugin_names import DAPO_ADV_ESTIMATOR, verl_names
 
 
 def actor_config(stage_cfg: RLStageConfig) -> ActorConfig:

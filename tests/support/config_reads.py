@@ -30,7 +30,7 @@ from pathlib import Path
 from components.evaluation.job import EvalJobConfig
 from components.tracking import TrackedConfig
 from components.training.config import StageSections
-from components.training.job import RLJobConfig, RLTrainerConfig, VerlJobConfig
+from components.training.job import RLJobConfig
 from components.training.memory import PlanConfig
 from components.training.tiny_seed import SeedJobConfig
 from components.training.warmup import WarmupJobConfig
@@ -42,8 +42,6 @@ from tests.support.code_deps import stage_code_files
 PIPELINE_PROTOCOLS: list[type] = [
     StageSections,
     PlanConfig,
-    VerlJobConfig,
-    RLTrainerConfig,
     RLJobConfig,
     SeedJobConfig,
     TrackedConfig,

@@ -1,12 +1,14 @@
 """The verl job of an RL stage, built once: Hydra overrides from the typed config, its input paths, the plugin
 environment, the settings every row of its data carries.
 
-``build_job(stage, cfg)`` reads the stage's section and the shared settings a job needs into one ``VerlJob``;
-what comes after reads that object and builds none of it again: verl's validation (``validate``), the
-parquet inputs and the job's record (``write_job_files``), the driver's command and environment
-(``launch``). Nothing here calls verl: the overrides are strings, composed and checked by ``validate``. (The
-names the plugins register come from ``plugins.names``, and importing that module imports the plugins
-package, which registers them in verl: importing this module still imports verl.)
+``verl_job(job)`` builds one ``VerlJob`` from an RL stage's job (``components.training.job.RLJob``: its
+section and the shared settings, read once); ``build_job(stage, cfg)`` does the same straight from the config for
+what has no stage job in hand (``npr verl launch``, ``npr config check``). What comes after reads that object
+and builds none of it again: verl's validation (``validate``), the parquet inputs and the job's record
+(``write_job_files``), the driver's command and environment (``launch``). Nothing here calls or imports
+verl: the overrides are strings, composed and checked by ``validate``, and the names the plugins register
+come from ``plugin_names``, outside the ``plugins`` package whose import registers them
+(tests/unit/training/test_verl_imports.py).
 
 Decisions (issue 6):
 
@@ -56,10 +58,9 @@ from components.data.problems import load_tuning_split
 from components.grading.config import REWARD_SECTIONS, GradingConfig
 from components.prompts import PromptConfig, chat_messages
 from components.settings import ConfigError
-from components.training.config import RLStageConfig, rl_section
-from components.training.job import VerlJobConfig
-from components.training.rl_objective import verl_names
-from components.training.verl.plugins.names import (
+from components.training.config import RLStageConfig
+from components.training.job import RLJob, RLJobConfig, rl_job
+from components.training.verl.plugin_names import (
     AGENT_LOOP,
     CPU_PLATFORM,
     ENGINE_VENDOR,
@@ -75,6 +76,7 @@ from components.training.verl.plugins.names import (
     SERVED_SPEC_KEY,
     SERVED_START_TIMEOUT_KEY,
     SERVED_WORK_DIR_KEY,
+    verl_names,
 )
 
 PLUGIN_MODULE = PLUGIN_PACKAGE
@@ -393,7 +395,7 @@ def write_verl_parquet(
 
 @dataclass(frozen=True)
 class VerlJob:
-    """One RL stage's verl job, built once (``build_job``): what it trains (the stage's ``section``), where it
+    """One RL stage's verl job, built once (``verl_job``): what it trains (the stage's ``section``), where it
     reads and writes (``inputs``), the Hydra overrides of verl's ``ppo_trainer`` config, the environment that
     selects our plugins in every process (``env_vars``), and what every row of its data carries (``reward``,
     the recipe's extra engine settings ``engine``). Validation, the job's files and the driver read it."""
@@ -425,21 +427,15 @@ class VerlJob:
         return native_parallel(self.section)
 
 
-def build_job(
-    stage: str,
-    cfg: VerlJobConfig,
-    *,
-    model_path: Path | str | None = None,
-    run_dir: Path | str | None = None,
-    section: RLStageConfig | None = None,
+def verl_job(
+    job: RLJob, *, model_path: Path | str | None = None, run_dir: Path | str | None = None
 ) -> VerlJob:
-    """``stage``'s verl job from the pipeline's config: the one place its overrides, input paths, plugin
-    environment and row settings are built. ``model_path``: the starting model (default
+    """The verl job of an RL stage's job (``components.training.job.RLJob``): the one place its overrides,
+    input paths, plugin environment and row settings are built. ``model_path``: the starting model (default
     ``<artifacts>/<init_from>/model``); ``run_dir``: the job's inputs, checkpoints and logs (default
-    ``<artifacts>/<stage>/work/verl``; a job inside a Ray cluster uses the shared filesystem); ``section``: the
-    stage's, when the caller has read it (else ``rl_section``)."""
-    section = section if section is not None else rl_section(cfg, stage)
-    artifacts = Path(cfg.run.artifacts_dir)
+    ``<artifacts>/<stage>/work/verl``; a job inside a Ray cluster uses the shared filesystem)."""
+    section, stage = job.section, job.stage
+    artifacts = Path(job.run.artifacts_dir)
     run = Path(run_dir) if run_dir is not None else artifacts / stage / "work" / "verl"
     model = Path(model_path) if model_path is not None else artifacts / section.init_from / "model"
     inputs = VerlRunInputs(
@@ -448,29 +444,40 @@ def build_job(
         val_files=str((run / "val.parquet").resolve()),
         run_dir=str(run.resolve()),
     )
-    schema = cfg.schema_of(stage)
     overrides = build_overrides(
         stage,
         section,
         inputs,
-        cfg.tracking.project,
-        attn_implementation=cfg.models.attn_implementation,
-        enable_thinking=cfg.prompts.enable_thinking,
+        job.tracking.project,
+        attn_implementation=job.models.attn_implementation,
+        enable_thinking=job.prompts.enable_thinking,
     )
     return VerlJob(
         stage=stage,
         section=section,
-        profile=cfg.profile,
-        schema=schema,
-        merge_semantics=cfg.merge_semantics,
-        attn_implementation=cfg.models.attn_implementation,
-        prompts=cfg.prompts,
+        profile=job.profile,
+        schema=job.schema,
+        merge_semantics=job.merge_semantics,
+        attn_implementation=job.models.attn_implementation,
+        prompts=job.prompts,
         inputs=inputs,
         overrides=overrides,
-        env_vars=plugin_env_vars(section, schema, cfg.merge_semantics),
-        reward=reward_settings(section, cfg.grading, schema),
-        engine=cfg.engine_settings_of(stage),
+        env_vars=plugin_env_vars(section, job.schema, job.merge_semantics),
+        reward=reward_settings(section, job.grading, job.schema),
+        engine=dict(job.generation),
     )
+
+
+def build_job(
+    stage: str,
+    cfg: RLJobConfig,
+    *,
+    model_path: Path | str | None = None,
+    run_dir: Path | str | None = None,
+) -> VerlJob:
+    """``stage``'s verl job straight from the pipeline's config, for what has no stage job in hand (``npr verl
+    launch``, ``npr config check``): the stage's ``RLJob`` (``rl_job``), then ``verl_job``."""
+    return verl_job(rl_job(stage, cfg), model_path=model_path, run_dir=run_dir)
 
 
 def runtime_env(job: VerlJob) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """Running a built verl job: on a Ray head the stage starts, inside a job submitted to a cluster, or (``npr verl
 launch``) the stage submitted to the cluster at ``verl.ray_address``.
 
-The job is built and validated before it gets here (``job.build_job``, ``validate.validate_job``); this module
+The job is built and validated before it gets here (``job.verl_job``, ``validate.validate_job``); this module
 turns it into the driver's command and environment (``driver_argv``, ``driver_env``) and runs that driver
 (``run_driver``: a head of its own, or the cluster a submitted job runs in). ``launch`` is the command line's:
 it shows the validated job and, with a cluster address, submits the whole stage there, as the pipeline's
@@ -22,7 +22,7 @@ import torch
 from components.ops.launch import RAY_JOB_SPEC, load_spec
 from components.settings import ConfigError
 from components.training.config import VerlSettings
-from components.training.job import VerlJobConfig
+from components.training.job import RLJobConfig
 from components.training.verl import ray_cluster, report
 from components.training.verl.job import VERL_ENTRY_MODULE, VerlJob, build_job, ray_job_command, runtime_env
 from components.training.verl.validate import validate_job
@@ -75,7 +75,7 @@ def run_driver(job: VerlJob, argv: list[str], env: dict[str, str], log: Path, *,
         return ray_cluster.run_driver(argv, head.address, head.env, log)
 
 
-def launch(stage: str, cfg: VerlJobConfig, dry_run: bool = False) -> int | None:
+def launch(stage: str, cfg: RLJobConfig, dry_run: bool = False) -> int | None:
     """``npr verl launch STAGE [--dry-run] [--profile P]``: build and validate the verl job of an RL stage,
     print its settings and command, and (without ``dry_run``) submit the stage to the running cluster at
     ``verl.ray_address``; returns the exit status. None when there is no such cluster: the job then needs

@@ -1,10 +1,10 @@
 """An RL stage through verl's own trainer: ``main_ppo`` on Ray, resumed from its checkpoints, merged, reported.
 
-``run_verl_stage`` is the stage body for ``<stage>.backend: verl`` (``components.training.rl.run_rl_stage``
-calls it):
+``run_verl_stage`` is the stage body for ``<stage>.backend: verl`` (``components.training.rl.train_rl`` hands
+it the stage's ``RLJob``):
 
-1. the job built once (``job.build_job``: overrides, input paths, plugin environment), validated by verl
-   (``validate``), its parquet inputs written (``prepare_job``);
+1. the verl job built once from it (``job.verl_job``: overrides, input paths, plugin environment), validated
+   by verl (``validate``), its parquet inputs written (``prepare_job``);
 2. ``python -m verl.trainer.main_ppo <overrides>`` against a Ray head this process starts (or, inside a job
    submitted to a running cluster, against that cluster), as attempt ``k`` of the job: verl's ``file``
    logger writes to ``verl_logs/attempt-k.jsonl`` and the plugins' rollout records carry ``k``;
@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from components.artifacts import atomic_dir
-from components.training.config import RLStageConfig, VerlSettings, rl_section
-from components.training.job import VerlJobConfig
+from components.training.config import VerlSettings
+from components.training.job import RLJob
 from components.training.verl import ray_cluster, report
-from components.training.verl.job import VERL_ENTRY_MODULE, VerlJob, build_job, read_problems, write_job_files
+from components.training.verl.job import VERL_ENTRY_MODULE, VerlJob, read_problems, verl_job, write_job_files
 from components.training.verl.launch import driver_argv, driver_env, run_driver
 from components.training.verl.validate import check_inputs, validate_job
 
@@ -122,44 +122,25 @@ def _placement(stage: str, v: VerlSettings, init_dir: Path, work_dir: Path) -> t
 
 
 def prepare_job(
-    stage: str,
-    cfg: VerlJobConfig,
-    init_dir: Path,
-    problems_dir: Path,
-    run_dir: Path,
-    train_problems: list[dict[str, Any]] | None = None,
-    *,
-    section: RLStageConfig | None = None,
-) -> tuple[VerlJob, Path]:
-    """Build ``stage``'s job once, have verl validate it, check its problems against the starting model's
-    tokenizer and write its inputs; returns (the job, its ``verl_overrides.yaml`` record). Nothing is
-    written before verl accepts the job. ``section``: the stage's, when the caller has read it."""
-    job = build_job(stage, cfg, model_path=init_dir, run_dir=run_dir, section=section)
+    job: VerlJob, problems_dir: Path, train_problems: list[dict[str, Any]] | None = None
+) -> Path:
+    """Have verl validate the built ``job``, check its problems against the starting model's tokenizer and
+    write its inputs; returns its ``verl_overrides.yaml`` record. Nothing is written before verl accepts the
+    job."""
     validate_job(job)
     train, val = read_problems(job, Path(problems_dir), train_problems)
     check_inputs(job, [*train, *val])
-    return job, write_job_files(job, train, val)
+    return write_job_files(job, train, val)
 
 
-def run_verl_stage(
-    stage: str,
-    cfg: VerlJobConfig,
-    init_dir: Path,
-    problems_dir: Path,
-    out_dir: Path,
-    work_dir: Path,
-    train_problems: list[dict[str, Any]] | None = None,
-    *,
-    section: RLStageConfig | None = None,
-) -> dict[str, Any]:
-    """Train ``stage`` with verl's ``main_ppo`` and return its metrics (see the module docstring);
-    ``section``: the stage's, as ``run_rl_stage`` read it (else looked up here)."""
-    section = section if section is not None else rl_section(cfg, stage)
-    v = section.verl
-    inside, run_dir, init_dir = _placement(stage, v, Path(init_dir), Path(work_dir))
-    job, overrides_file = prepare_job(
-        stage, cfg, init_dir, problems_dir, run_dir, train_problems, section=section
-    )
+def run_verl_stage(rl: RLJob, train_problems: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Train the stage ``rl`` describes with verl's ``main_ppo`` and return its metrics (see the module
+    docstring); ``train_problems``: a stage's own training set (pr1_rl), else its problems' train split."""
+    stage, paths, v = rl.stage, rl.stage_paths(), rl.section.verl
+    work_dir, out_dir = paths.work_dir, paths.writes
+    inside, run_dir, init_dir = _placement(stage, v, paths.starts_from, work_dir)
+    job = verl_job(rl, model_path=init_dir, run_dir=run_dir)
+    overrides_file = prepare_job(job, paths.problems, train_problems)
     entry = os.environ.get("NPR_VERL_ENTRY_MODULE", VERL_ENTRY_MODULE)  # a stand-in trainer in tests
     attempt, attempt_log = report.next_attempt(run_dir)
     argv = driver_argv(job, run_dir / "hydra" / f"attempt-{attempt:02d}", entry)

@@ -3,7 +3,7 @@
 ``validate_job(job)`` composes the job's overrides with the installed verl's ``ppo_trainer`` config, runs
 verl's own ``validate_config`` exactly as ``main_ppo`` does, and resolves every plugin the job names;
 ``check_inputs(job, problems)`` measures the job's prompts with its model's tokenizer. Both take the
-``VerlJob`` that ``job.build_job`` built and build nothing again. The one module of the package, besides the
+``VerlJob`` that ``job.verl_job`` built and build nothing again. The one module of the package, besides the
 plugins, that imports verl's trainer code.
 """
 
@@ -38,9 +38,7 @@ from components.structure import TagIds
 from components.structure.errors import TagTokenError
 from components.training.config import RLStageConfig
 from components.training.verl.job import VerlJob, native_parallel
-from components.training.verl.plugins.agent_loop import registered_agent_loop
-from components.training.verl.plugins.engine import NPRParallelEngine
-from components.training.verl.plugins.names import (
+from components.training.verl.plugin_names import (
     AGENT_LOOP,
     CPU_ROLLOUTS,
     ENGINE_VENDOR,
@@ -48,6 +46,8 @@ from components.training.verl.plugins.names import (
     REWARD_MANAGER,
     SERVED_ROLLOUT,
 )
+from components.training.verl.plugins.agent_loop import registered_agent_loop
+from components.training.verl.plugins.engine import NPRParallelEngine
 from components.training.verl.plugins.reward import TagKeepingRewardManager
 
 # attention implementations that honour the NPR actor's 4D mask (eager gets its additive form)
@@ -217,7 +217,7 @@ def check_settings(job: VerlJob) -> None:
 def validate_job(job: VerlJob) -> VerlJobCheck:
     """Check that verl accepts ``stage``'s job, without a GPU; ConfigError (naming the setting) if not.
 
-    Composes the job's overrides (``job.build_job``) with the installed verl's ``ppo_trainer`` config, runs
+    Composes the job's overrides (``job.verl_job``) with the installed verl's ``ppo_trainer`` config, runs
     ``verl.utils.config.validate_config`` exactly as ``verl.trainer.main_ppo`` calls it (after
     ``auto_set_device``), converts the algorithm and rollout sections to verl's dataclasses, and resolves
     every name the job relies on, in the environment the job runs with: the policy loss and advantage

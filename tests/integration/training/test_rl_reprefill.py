@@ -11,6 +11,7 @@ import pytest
 
 from components.config import load_config
 from components.data.synthetic import generate_problems
+from components.training.job import rl_job
 from components.training.rl import RLTrainer
 
 pytestmark = pytest.mark.slow
@@ -41,7 +42,7 @@ def _reprefill_papo_step(warm_world, tmp_path, *overrides: str) -> tuple[dict, o
     )
     cfg.tracking.mode = "disabled"
     ps = generate_problems(12, seed=21, weights={"easy": 1.0})  # the warm-up's (shortest) traces
-    trainer = RLTrainer("papo_rl", cfg, model, tok, ps[:8], ps[8:], tmp_path)
+    trainer = RLTrainer(rl_job("papo_rl", cfg), model, tok, ps[:8], ps[8:], tmp_path)
     return trainer.train_step(), cfg
 
 

@@ -12,7 +12,8 @@ from components.config import load_config
 from components.dag import StageIO
 from components.data.synthetic import generate_problems
 from components.models.loading import save_model
-from components.training.rl import RLTrainer, run_rl_stage
+from components.training.job import RLPaths, rl_job
+from components.training.rl import RLTrainer, train_rl
 
 pytestmark = pytest.mark.slow
 
@@ -38,7 +39,7 @@ def test_resume_after_an_interrupted_run_matches_an_uninterrupted_one(warm_world
     train, test = problems()
     model, tok = warm_world
     init = {k: v.clone() for k, v in model.state_dict().items()}
-    full = RLTrainer("npr_zero", cfg, model, tok, train, test, tmp_path / "full").run()
+    full = RLTrainer(rl_job("npr_zero", cfg), model, tok, train, test, tmp_path / "full").run()
     assert full.metrics["steps"] == 2 and full.metrics["resumed_from_step"] == 0
     assert full.metrics["train/rollouts_trained"] > 0, "the run must actually update the model"
     assert any(not torch.equal(init[k], v) for k, v in model.state_dict().items())
@@ -49,10 +50,10 @@ def test_resume_after_an_interrupted_run_matches_an_uninterrupted_one(warm_world
         return m
 
     first = fresh()
-    part = RLTrainer("npr_zero", cfg, first, tok, train, test, tmp_path / "cut").run(max_steps=1)
+    part = RLTrainer(rl_job("npr_zero", cfg), first, tok, train, test, tmp_path / "cut").run(max_steps=1)
     assert part.metrics["steps"] == 1
     second = fresh()  # a new process would start from the initial weights again
-    resumed = RLTrainer("npr_zero", cfg, second, tok, train, test, tmp_path / "cut").run()
+    resumed = RLTrainer(rl_job("npr_zero", cfg), second, tok, train, test, tmp_path / "cut").run()
     assert resumed.metrics["resumed_from_step"] == 1 and resumed.metrics["steps"] == 2
     assert [h["step"] for h in resumed.history] == [2]
     for key in ("train/rollouts_trained", "train/num_gen_batches", "train/trained_valid_fraction"):
@@ -88,7 +89,7 @@ def test_papo_stage_trains_only_structurally_valid_rollouts(warm_world, tmp_path
         },
         outputs={"model": tmp_path / "papo_rl" / "model"},
     )
-    metrics = run_rl_stage("papo_rl", cfg, io)
+    metrics = train_rl(rl_job("papo_rl", cfg, RLPaths.of(io, cfg.papo_rl.init_from)))
     assert (tmp_path / "papo_rl" / "model" / "model.safetensors").exists()
     log = (tmp_path / "papo_rl" / "work" / "metrics.jsonl").read_text().splitlines()
     assert len(log) == 2  # the pre-training eval and one step
@@ -110,4 +111,4 @@ def test_papo_trainer_rejects_a_parallel_engine_without_the_filter(warm_world, t
     cfg.papo_rl.structural_filter = False
     train, test = problems()
     with pytest.raises(ValueError, match="structural_filter"):
-        RLTrainer("papo_rl", cfg, model, tok, train, test, tmp_path)
+        RLTrainer(rl_job("papo_rl", cfg), model, tok, train, test, tmp_path)

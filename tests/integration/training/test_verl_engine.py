@@ -166,7 +166,7 @@ def test_under_reread_the_engine_lays_out_the_re_read_and_equals_the_local_train
     runs on the laid-out rows (re-read copies of branches 2..k) and hands verl logits in verl's own layout;
     its log-probs equal the local trainer's under reread, and differ from isolated after the merge."""
     from components.structure import Role
-    from components.training.verl.plugins.names import MERGE_ENV
+    from components.training.verl.plugin_names import MERGE_ENV
 
     model, tok, tags, cfg = world
     rollouts = make_rollouts(tok, cfg, 6, parallel=True, seed=3)

@@ -20,6 +20,7 @@ from components.config import load_config
 from components.data.synthetic import generate_problems
 from components.models.loading import save_model
 from components.models.tiny import tiny_test_world
+from components.training.job import RLPaths, rl_job
 from components.training.verl.stage import run_verl_stage
 
 # xdist_group("ray"): the test files that start Ray clusters run on one worker (tests/conftest.py)
@@ -59,7 +60,8 @@ def test_a_verl_stage_starts_its_own_ray_head_and_merges_its_checkpoint(
     cfg = load_config(profile="qwen3-4b", overrides=["papo_rl.steps=3"])
     work, out = tmp_path / "work", tmp_path / "out" / "model"
     heads_before = _ray_heads(token)
-    metrics = run_verl_stage("papo_rl", cfg, init, problems, out, work)
+    paths = RLPaths(starts_from=init, problems=problems, writes=out, work_dir=work)
+    metrics = run_verl_stage(rl_job("papo_rl", cfg, paths))
 
     assert metrics["steps"] == 3 and metrics["ray"] == "own head on 127.0.0.1"
     probe = json.loads((work / "verl" / "standin_probe.json").read_text())

@@ -15,6 +15,7 @@ from components.data.synthetic import expression_of, generate_problems, render_p
 from components.models.tiny import tiny_test_world
 from components.prompts import render_prompt
 from components.structure import StructureError, TagIds, post_merge_mask
+from components.training.job import rl_job
 from components.training.papo import post_merge_is_weights
 from components.training.rl import RLTrainer
 from components.training.rl_batch import Rollout, build_policy_batch, response_log_probs
@@ -113,7 +114,7 @@ def test_local_papo_update_reweights_reprefilled_post_merge_tokens(world, tmp_pa
     copy = type(model)(model.config)  # the trainer steps its optimizer: keep the original weights here
     copy.load_state_dict(model.state_dict())
     problems = generate_problems(2, seed=1)
-    trainer = RLTrainer("papo_rl", cfg, copy, tok, problems, problems, tmp_path)
+    trainer = RLTrainer(rl_job("papo_rl", cfg), copy, tok, problems, problems, tmp_path)
     counters: Counter = Counter()
     trainer._update([rollouts[:2], rollouts[2:]], counters)
     got = {n: p.grad.clone() for n, p in copy.named_parameters() if p.grad is not None}

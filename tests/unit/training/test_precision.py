@@ -20,6 +20,7 @@ from components.data import synthetic
 from components.data.synthetic import generate_problems
 from components.models.tiny import tiny_test_world
 from components.structure import TagIds
+from components.training.job import rl_job
 from components.training.precision import MasterWeightAdamW, PrecisionError, build_adamw, compute_autocast
 from components.training.rl import RLTrainer
 from components.training.rl_batch import Rollout
@@ -98,7 +99,7 @@ def _rl_update(model, tok, tmp_path, stage="papo_rl", extra=()):
         profile="tiny", overrides=[f"{stage}.lr=1e-7", f"{stage}.engine_mode=sequential", *extra]
     )
     problems = generate_problems(4, seed=1)
-    trainer = RLTrainer(stage, cfg, model, tok, problems, problems, tmp_path)
+    trainer = RLTrainer(rl_job(stage, cfg), model, tok, problems, problems, tmp_path)
     stats = trainer._update(random_rollout_groups(len(tok)), Counter())
     return trainer, stats
 
@@ -226,7 +227,7 @@ def test_an_rl_update_keeps_every_tensor_on_the_model_device(world, tmp_path, de
     on_device = _copy(model, dtype, device)
     cfg = load_config(profile="tiny", overrides=list(extra))
     problems = generate_problems(4, seed=1)
-    trainer = RLTrainer(stage, cfg, on_device, tok, problems, problems, tmp_path)
+    trainer = RLTrainer(rl_job(stage, cfg), on_device, tok, problems, problems, tmp_path)
     groups = random_rollout_groups(len(tok)) if stage != "papo_rl" else _parallel_groups(tok, cfg)
     with FakeScalars():
         stats = trainer._update(groups, Counter())

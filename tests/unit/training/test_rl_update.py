@@ -9,6 +9,7 @@ import torch
 
 from components.config import load_config
 from components.data.synthetic import generate_problems
+from components.training.job import rl_job
 from components.training.rl import RLTrainer
 from components.training.rl_batch import length_sorted_micro_batches
 from tests.support.builders import random_rollout_groups
@@ -47,7 +48,7 @@ def test_micro_batched_update_equals_one_batch(world, tmp_path, stage, extra):
         )
         copy = type(model)(model.config)
         copy.load_state_dict(model.state_dict())
-        trainer = RLTrainer(stage, cfg, copy, tok, problems, problems, tmp_path / str(micro))
+        trainer = RLTrainer(rl_job(stage, cfg), copy, tok, problems, problems, tmp_path / str(micro))
         stats = trainer._update(random_rollout_groups(len(tok)), Counter())
         results.append((stats, {n: q.grad.clone() for n, q in copy.named_parameters()}))
     (one, g_one), (micro, g_micro) = results
@@ -79,7 +80,7 @@ def test_summary_reports_a_gain_only_when_measured_before_training(world, tmp_pa
     model, tok = world
     problems = generate_problems(4, seed=1)
     cfg = load_config(profile="tiny")
-    trainer = RLTrainer("papo_rl", cfg, model, tok, problems, problems, tmp_path)
+    trainer = RLTrainer(rl_job("papo_rl", cfg), model, tok, problems, problems, tmp_path)
     scores = {"format_valid": 0.5, "accuracy": 0.2, "correct_and_valid": 0.1, "parallel_rate": 0.5}
     trainer.evals = [{"step": 12, **scores}]
     out = trainer.summary()

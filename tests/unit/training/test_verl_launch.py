@@ -17,6 +17,7 @@ from verl.trainer.config import AlgoConfig
 from verl.utils.config import omega_conf_to_dataclass
 
 from components.config import ConfigError, load_config, rl_stages
+from components.training.job import rl_job
 from components.training.verl.job import (
     PLUGIN_MODULE,
     VerlRunInputs,
@@ -31,6 +32,15 @@ from components.training.verl.validate import validate_job as validate_built_job
 
 INPUTS = VerlRunInputs("/models/seed", "/data/train.parquet", "/data/val.parquet", "/runs/x")
 STAGES = list(rl_stages())  # every RL section (by type), as the launcher accepts them
+
+
+def _prepare(stage: str, cfg, model: Path, problems: Path, run_dir: Path, train_problems=None):
+    """What the stage does before it runs verl (``verl.stage.run_verl_stage``): the verl job built from the
+    stage's job, validated, its inputs written; returns (the job, its ``verl_overrides.yaml``)."""
+    from components.training.verl.stage import prepare_job  # lazy: as in the tests below, where one runs it
+
+    job = build_job(stage, cfg, model_path=model, run_dir=run_dir)
+    return job, prepare_job(job, problems, train_problems)
 
 
 def validate_job(stage: str, cfg) -> VerlJobCheck:
@@ -289,12 +299,10 @@ def test_papo_stage_on_qwen3_4b_prepares_a_validated_native_parallel_job(tmp_pat
     with a held-out validation set of the stage's eval_n problems."""
     import pandas as pd
 
-    from components.training.verl.stage import prepare_job
-
     cfg = load_config(profile="qwen3-4b")
     problems = _problems_dir(tmp_path, n_train=8, n_test=40)
     run_dir = tmp_path / "verl"
-    job, path = prepare_job("papo_rl", cfg, _model_dir(tmp_path), problems, run_dir)
+    job, path = _prepare("papo_rl", cfg, _model_dir(tmp_path), problems, run_dir)
     saved = yaml.safe_load(path.read_text())
     overrides = set(saved["overrides"])
     assert "actor_rollout_ref.rollout.agent.default_agent_loop=npr_parallel" in overrides
@@ -326,7 +334,7 @@ def test_the_stage_builds_its_job_once(tmp_path, in_repo, monkeypatch):
 
     for name in ("build_overrides", "VerlRunInputs", "plugin_env_vars", "reward_settings"):
         count(job_module, name)
-    count(stage_module, "build_job")
+    count(stage_module, "verl_job")
     tokenizers = validate_module.AutoTokenizer
 
     class CountingTokenizer:
@@ -338,12 +346,15 @@ def test_the_stage_builds_its_job_once(tmp_path, in_repo, monkeypatch):
     monkeypatch.setattr(validate_module, "AutoTokenizer", CountingTokenizer)
     cfg = load_config(profile="qwen3-4b", overrides=["papo_rl.backend=verl"])
     problems = _problems_dir(tmp_path, n_train=8, n_test=40)
-    job, _ = stage_module.prepare_job("papo_rl", cfg, _model_dir(tmp_path), problems, tmp_path / "verl")
+    # as run_verl_stage does: the stage's job (read once) -> its verl job -> validated, inputs written
+    rl = rl_job("papo_rl", cfg)
+    job = stage_module.verl_job(rl, model_path=_model_dir(tmp_path), run_dir=tmp_path / "verl")
+    stage_module.prepare_job(job, problems)
     argv = launch_module.driver_argv(job, tmp_path / "verl" / "hydra")
     env = launch_module.driver_env(job, 1, tmp_path / "verl" / "attempt-01.jsonl")
     ray_job_command(job)
     assert calls == {
-        "build_job": 1,
+        "verl_job": 1,
         "build_overrides": 1,
         "VerlRunInputs": 1,
         "plugin_env_vars": 1,
@@ -359,24 +370,20 @@ def test_the_validation_set_is_the_val_split_when_sample_orz_wrote_one(tmp_path,
 
     from components.artifacts import write_shards
     from components.data.synthetic import generate_problems
-    from components.training.verl.stage import prepare_job
-
     cfg = load_config(profile="qwen3-4b")
     problems = _problems_dir(tmp_path, n_train=8, n_test=40)
     val_rows = [{**r, "split": "val"} for r in generate_problems(40, seed=3)]
     write_shards(problems, val_rows, 1, stem="val")
-    prepare_job("papo_rl", cfg, _model_dir(tmp_path), problems, tmp_path / "verl")
+    _prepare("papo_rl", cfg, _model_dir(tmp_path), problems, tmp_path / "verl")
     val = pd.read_parquet(tmp_path / "verl" / "val.parquet")
     assert len(val) == cfg.papo_rl.eval_n and set(val["extra_info"].map(lambda e: e["split"])) == {"val"}
 
 
 def test_a_profile_without_held_out_problems_fails_before_any_file_is_written(tmp_path, in_repo):
-    from components.training.verl.stage import prepare_job
-
     cfg = load_config(profile="qwen3-4b")
     problems = _problems_dir(tmp_path, n_train=8, n_test=0)
     with pytest.raises(ConfigError, match="sample_orz.test_n"):
-        prepare_job("papo_rl", cfg, _model_dir(tmp_path), problems, tmp_path / "verl")
+        _prepare("papo_rl", cfg, _model_dir(tmp_path), problems, tmp_path / "verl")
     assert not (tmp_path / "verl" / "train.parquet").exists()
 
 
@@ -387,8 +394,6 @@ def test_a_prompt_longer_than_max_prompt_length_is_refused_before_launch(tmp_pat
     from verl.experimental.agent_loop.agent_loop import AgentLoopBase
 
     from components.config import ConfigError
-    from components.training.verl.stage import prepare_job
-
     # what verl itself would do with such a prompt: keep its last max_prompt_length tokens
     class _Loop(AgentLoopBase):  # any concrete loop: the cap is the base class's
         async def run(self, sampling_params, **kwargs):
@@ -402,7 +407,7 @@ def test_a_prompt_longer_than_max_prompt_length_is_refused_before_launch(tmp_pat
     cfg = load_config(profile="qwen3-4b", overrides=["papo_rl.verl.max_prompt_length=24"])
     problems = _problems_dir(tmp_path, n_train=8, n_test=40)
     with pytest.raises(ConfigError, match=r"papo_rl.verl.max_prompt_length 24: \d+ of \d+ prompts are longer"):
-        prepare_job("papo_rl", cfg, _model_dir(tmp_path), problems, tmp_path / "verl")
+        _prepare("papo_rl", cfg, _model_dir(tmp_path), problems, tmp_path / "verl")
     assert not (tmp_path / "verl" / "train.parquet").exists()
 
 
@@ -411,14 +416,12 @@ def test_a_parallel_job_from_a_model_without_the_schemas_tags_is_refused_before_
     tags failed in its agent loop, after Ray and the trainer had started."""
     from components.models.loading import save_model
     from components.models.tiny import tiny_test_world
-    from components.training.verl.stage import prepare_job
-
     cfg = load_config(profile="qwen3-4b")
     problems = _problems_dir(tmp_path, n_train=8, n_test=40)
     model, tok = tiny_test_world(seed=0, schema_name="npr")  # NPR's tags only
     path = save_model(model, tok, tmp_path / "npr-only")
     with pytest.raises(ConfigError, match="cannot decode the 'parallel_r1' schema natively in parallel"):
-        prepare_job("pr1_rl", cfg, path, problems, tmp_path / "verl", train_problems=[{"id": "p", "problem": "1+1", "answer": "2"}])
+        _prepare("pr1_rl", cfg, path, problems, tmp_path / "verl", train_problems=[{"id": "p", "problem": "1+1", "answer": "2"}])
 
 
 @pytest.mark.parametrize("stage", ["papo_rl", "sr_rl"])

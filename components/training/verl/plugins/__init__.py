@@ -21,7 +21,7 @@ No verl file is edited; ``components.training.verl.validate.validate_job`` check
 from components.training.verl.plugins import cpu_platform  # noqa: F401, I001  (registers on import)
 from components.training import papo  # noqa: F401  (registers the papo loss and advantage)
 from components.training.verl.plugins import agent_loop, engine, reward, torch_rollout, vllm_rollout  # noqa: F401
-from components.training.verl.plugins.names import (
+from components.training.verl.plugin_names import (
     AGENT_LOOP,
     ENGINE_VENDOR,
     ENGINE_VENDOR_ENV,

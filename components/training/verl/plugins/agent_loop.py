@@ -60,7 +60,7 @@ from components.grading.verl_reward import compute_score
 from components.structure import TagIds
 from components.training.dapo import overlong_penalty
 from components.training.rl_batch import Rollout, structural_rejection
-from components.training.verl.plugins.names import AGENT_LOOP, DEFAULT_SCHEMA, SCHEMA_ENV
+from components.training.verl.plugin_names import AGENT_LOOP, DEFAULT_SCHEMA, SCHEMA_ENV
 from components.training.verl.plugins.rollout_log import log_rollout
 
 logger = logging.getLogger(__name__)

@@ -38,7 +38,7 @@ import verl.utils.distributed as distributed
 from verl.plugin.platform.platform_base import PlatformBase
 from verl.plugin.platform.platform_manager import PlatformRegistry
 
-from components.training.verl.plugins.names import CPU_PLATFORM, PLATFORM_ENV
+from components.training.verl.plugin_names import CPU_PLATFORM, PLATFORM_ENV
 
 PLATFORM = CPU_PLATFORM
 # The Ray resource a CPU training rank holds: a logical device slot (module docstring).

@@ -38,7 +38,7 @@ from typing import Any
 
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
 
-from components.training.verl.plugins.names import REPLAY_SAMPLER
+from components.training.verl.plugin_names import REPLAY_SAMPLER
 
 logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "WARN"))

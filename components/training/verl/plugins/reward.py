@@ -26,7 +26,7 @@ from verl.experimental.reward_loop.reward_manager import register
 from verl.experimental.reward_loop.reward_manager.dapo import DAPORewardManager
 
 from components.engine.controller import end_of_turn_ids
-from components.training.verl.plugins.names import REWARD_MANAGER
+from components.training.verl.plugin_names import REWARD_MANAGER
 from components.training.verl.plugins.rollout_log import log_rollout
 
 

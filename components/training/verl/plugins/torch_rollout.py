@@ -49,8 +49,8 @@ from verl.workers.rollout import base as rollout_base
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutMode, RolloutReplica, RolloutReplicaRegistry, TokenOutput
 
+from components.training.verl.plugin_names import TORCH_ROLLOUT
 from components.training.verl.plugins.agent_loop import sample_seed
-from components.training.verl.plugins.names import TORCH_ROLLOUT
 
 logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "WARN"))

@@ -46,7 +46,7 @@ from verl.workers.rollout.replica import RolloutMode, RolloutReplicaRegistry, To
 from components.engine.backends.vllm_client import API_KEY_ENV, VLLMClient
 from components.engine.config import GenerationConfig
 from components.engine.served_policy import ServedPolicy
-from components.training.verl.plugins.names import (
+from components.training.verl.plugin_names import (
     SERVED_ROLLOUT,
     SERVED_SPEC_KEY,
     SERVED_START_TIMEOUT_KEY,

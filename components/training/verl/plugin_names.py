@@ -1,9 +1,33 @@
-"""The names under which the plugins register in verl, and the environment the launcher sets for them.
+"""The names under which the plugins register in verl, the names of verl's functions each RL algorithm
+trains with, and the environment the launcher sets for them.
 
-Kept apart from the plugin modules so the launcher and the plugins read one definition.
+Kept apart from the plugin modules (and outside the ``plugins`` package, whose import registers the plugins
+and so imports verl) so the job builder (``job``), the local trainer's objective (``rl_objective``) and the
+plugins read one definition, and building a job imports no verl (tests/unit/training/test_verl_imports.py).
 """
 
 from __future__ import annotations
+
+# verl's registry names of the policy loss and advantage estimator each `algorithm` trains with. DAPO's are
+# verl's own (decoupled-clip "vanilla" loss, "grpo" group-normalised advantage); PAPO's are registered by
+# components.training.papo.
+DAPO_POLICY_LOSS = "vanilla"
+DAPO_ADV_ESTIMATOR = "grpo"
+PAPO_NAME = "papo"
+# algorithm -> (verl advantage estimator, verl policy loss)
+ALGORITHMS: dict[str, tuple[str, str]] = {
+    "dapo": (DAPO_ADV_ESTIMATOR, DAPO_POLICY_LOSS),
+    # GRPO as Parallel-R1 runs it: the same verl functions, no dynamic sampling (the trainers' concern)
+    "grpo": (DAPO_ADV_ESTIMATOR, DAPO_POLICY_LOSS),
+    "papo": (PAPO_NAME, PAPO_NAME),
+}
+
+
+def verl_names(algorithm: str) -> tuple[str, str]:
+    """(advantage estimator, policy loss) registered in verl for ``algorithm``."""
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"unknown RL algorithm {algorithm!r}; known: {sorted(ALGORITHMS)}")
+    return ALGORITHMS[algorithm]
 
 # The module verl imports in every process (VERL_USE_EXTERNAL_MODULES, model.external_lib): the package
 # itself, whose import registers every plugin below.
