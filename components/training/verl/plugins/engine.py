@@ -235,6 +235,7 @@ class NPRParallelEngine(FSDPEngineWithLMHead):
                             weights
                         )
                     data["rollout_is_weights"] = _like_response(weights, data["response_mask"])
+                metrics = _shares_of_the_mini_batch(metrics, int(merged.sum()), data)
             loss, loss_metrics = loss_function(model_output=model_output, data=data, dp_group=dp_group)
             loss_metrics.update({key: Metric(_aggregation_of(key), value) for key, value in metrics.items()})
             return loss, loss_metrics
@@ -247,11 +248,47 @@ class NPRParallelEngine(FSDPEngineWithLMHead):
 EngineRegistry.register(model_type="language_model", backend=["fsdp", "fsdp2"], device="cpu")(FSDPEngineWithLMHead)
 
 
+# The correction metrics each micro-batch states as its share of the mini-batch's value (summed by verl).
+_SHARES = ("rollout_corr/nonfinite_rollout_logp", "rollout_corr/post_merge_token_frac")
+
+
+def _shares_of_the_mini_batch(metrics: dict[str, float], merged_tokens: int, data: Any) -> dict[str, float]:
+    """The non-finite count and the post-merge token fraction as this micro-batch's share of the mini-batch's
+    value over every data-parallel rank, so that verl's reduction reports the same number whatever the world
+    size.
+
+    verl reduces a loss metric by summing (or averaging) a rank's micro-batches and then *averaging* the
+    ranks (``Metric.aggregate_dp``): a count summed per rank came out divided by the world size (2 ranks
+    reported 10 non-finite rollout log-probs where 1 rank reported 20, on the same batch), and a fraction
+    came out as a mean of micro-batch fractions, which depends on how the batch was split. A count times
+    ``dp_size`` and a fraction over ``batch_num_tokens`` (the mini-batch's response tokens on every rank,
+    what verl's loss is normalised by) times ``dp_size``, summed, are exact. The per-token means of pre- and
+    post-merge tokens have no global denominator here and stay means of micro-batch means, as verl's own
+    ``ppo_kl`` is."""
+    dp_size = int(_batch_info(data, "dp_size") or 1)
+    batch_tokens = _batch_info(data, "batch_num_tokens")
+    out = dict(metrics)
+    out["rollout_corr/nonfinite_rollout_logp"] = metrics["rollout_corr/nonfinite_rollout_logp"] * dp_size
+    if batch_tokens:
+        out["rollout_corr/post_merge_token_frac"] = merged_tokens * dp_size / float(batch_tokens)
+    else:  # no global count given: the micro-batch's own fraction (one micro-batch, one rank: the same)
+        out["rollout_corr/post_merge_token_frac"] = metrics["rollout_corr/post_merge_token_frac"] * dp_size
+    return out
+
+
+def _batch_info(data: Any, key: str) -> Any:
+    """A global-batch field verl's worker puts on every micro-batch (``dp_size``, ``batch_num_tokens``), or None."""
+    try:
+        return data[key]
+    except KeyError:
+        return None
+
+
 def _aggregation_of(key: str) -> AggregationType:
-    """How verl reduces a correction metric over micro-batches and data-parallel ranks."""
+    """How verl reduces a correction metric over micro-batches (then it averages data-parallel ranks)."""
     if key.endswith(("_max", "_p99")):
         return AggregationType.MAX
-    if key.endswith("nonfinite_rollout_logp"):
+    if key in _SHARES:
         return AggregationType.SUM
     return AggregationType.MEAN
 
