@@ -9,10 +9,13 @@ gloo, the torch rollout server receiving the trainer's weights after every step,
 model merger into the stage's output. Nothing is stood in for.
 
 Two steps each, tiny batches (about three to four minutes a job on 2 cores, most of it verl starting its
-Ray workers). ``papo_rl`` (the NPR actor and the parallel agent loop) is also killed (SIGKILL) after its
-step-1 checkpoint and rerun: the rerun resumes from it and reports what the uninterrupted run reported, step
-by step. Resuming is the stage's code, shared by every RL stage (verl's ``resume_mode: auto`` on the stage's
-checkpoint folder), so one stage's kill shows it; the other three run straight through.
+Ray workers). ``papo_rl`` (the NPR actor and the parallel agent loop) is also run on **two ranks** (FSDP over
+two CPU processes on gloo), killed (SIGKILL) after its step-1 checkpoint and rerun: the rerun resumes from
+its 2-shard checkpoint and reports what the uninterrupted **one-rank** run reported, step by step, its
+updates within fp32 reduction noise of the one-rank updates, through a step whose structurally filtered
+batch does not divide by the world size. Resuming is the stage's code, shared by every RL stage (verl's
+``resume_mode: auto`` on the stage's checkpoint folder), so one stage's kill shows it; ``npr_zero`` (verl's
+stock actor) also trains on two ranks, straight through, and the other two on one.
 Jobs run two at a time, each with its own Ray head (a job leaves one of the two cores mostly idle while
 its workers start), which also shows that two stages' heads on one machine do not collide.
 """
@@ -61,20 +64,24 @@ JOB = (
 # on timing; off here so that a job's length is a function of the weights alone (the refill path runs
 # against verl's real buffer in test_verl_replay.py)
 NO_DYNAMIC_SAMPLING = ("npr_zero.dynamic_sampling=false",)
+# data-parallel ranks of the 2-rank jobs (npr_zero here; papo_rl's killed-and-resumed run in its own repo)
+RANKS = 2
+TWO_RANKS = (f"npr_zero.verl.n_gpus_per_node={RANKS}",)
 TIMEOUT_S = 900
 
 
 def _overrides() -> list[str]:
     out = [f"{stage}.{o}" for stage in INIT_FROM for o in JOB]
-    return [*out, *NO_DYNAMIC_SAMPLING]
+    return [*out, *NO_DYNAMIC_SAMPLING, *TWO_RANKS]
 
 
-def _make_repo(root: Path) -> Path:
+def _make_repo(root: Path, extra: tuple[str, ...] = ()) -> Path:
+    """A scratch checkout with the stages' inputs; ``extra``: more overrides of the tiny profile."""
     root.mkdir(parents=True)
     shutil.copy(REPO / "dvc.yaml", root / "dvc.yaml")
-    (root / "prompts").symlink_to(REPO / "prompts")
-    (root / "models").symlink_to(REPO / "models")
-    cfg = load_config(profile="tiny", overrides=_overrides())
+    for shared in ("prompts", "models", "infra"):  # infra: the vLLM server's spec (rollout_name vllm_server)
+        (root / shared).symlink_to(REPO / shared)
+    cfg = load_config(profile="tiny", overrides=[*_overrides(), *extra])
     (root / "params.yaml").write_text(dump_yaml(cfg))
     problems = generate_problems(160, seed=21)
     out = root / "artifacts" / "sample_orz" / "problems"
@@ -186,15 +193,17 @@ def _had_signal(records: list[dict]) -> bool:
     return any(rec.get(k, 0.0) != 0.0 for rec in records for k in keys)
 
 
-def _assert_trained_through_verl(root: Path, stage: str, metrics: dict, before: set[int]) -> bool:
-    """The stage ran verl's job to its end and reported it; returns whether its actor had a signal (then the
-    merged model moved; without one it equals the starting model)."""
+def _assert_trained_through_verl(
+    root: Path, stage: str, metrics: dict, before: set[int], rollout: str = "torch"
+) -> bool:
+    """The stage ran verl's job to its end (rolling out through ``rollout``) and reported it; returns whether
+    its actor had a signal (then the merged model moved; without one it equals the starting model)."""
     work = root / "artifacts" / stage / "work" / "verl"
     # Hydra's output folder is the run's, not outputs/ in the checkout
     assert (work / "hydra" / "attempt-01" / ".hydra" / "overrides.yaml").exists()
     assert not (root / "outputs").exists()
     overrides = (work / "verl_overrides.yaml").read_text()
-    assert "python -m verl.trainer.main_ppo" in overrides and "actor_rollout_ref.rollout.name=torch" in overrides
+    assert "python -m verl.trainer.main_ppo" in overrides and f"actor_rollout_ref.rollout.name={rollout}" in overrides
     assert metrics["backend"] == "verl" and metrics["checkpoint_step"] == 2 and metrics["steps"] == 2
     # the metrics come from verl's own run: its per-step log, and the plugins' records of every rollout
     verl_log = (work / "verl_logs" / "attempt-01.jsonl").read_text().splitlines()
@@ -210,6 +219,10 @@ def _assert_trained_through_verl(root: Path, stage: str, metrics: dict, before: 
         evaluation
     )
     assert metrics["final/accuracy"] == evaluation["accuracy"]
+    # one checkpoint shard per rank (FSDP2 shards every parameter over the ranks)
+    ranks = int(overrides.split("trainer.n_gpus_per_node=")[1].split()[0])
+    shards = sorted(p.name for p in (work / "checkpoints" / "global_step_2" / "actor").glob("model_world_size_*.pt"))
+    assert shards == [f"model_world_size_{ranks}_rank_{r}.pt" for r in range(ranks)], shards
     # verl's merger wrote the stage's output (bf16, the trained weights, not the starting ones)
     out = load_file(str(root / "artifacts" / stage / "model" / "model.safetensors"))
     start = load_file(str(root / "artifacts" / INIT_FROM[stage] / "model" / "model.safetensors"))
@@ -264,11 +277,52 @@ def _wait_for_reported_checkpoint(root: Path, stage: str, proc: subprocess.Popen
     raise AssertionError(f"no reported step-{step} checkpoint within {TIMEOUT_S} s")
 
 
-def test_a_killed_verl_stage_resumes_and_reports_the_uninterrupted_run(repo: Path, tmp_path: Path) -> None:
+def _checkpoint_weights(root: Path, stage: str, step: int) -> dict[str, torch.Tensor]:
+    """The fp32 weights of verl's step-``step`` checkpoint, each parameter's rank shards put back together by
+    their DTensor placements (FSDP2: dim-0 shards, in rank order)."""
+    actor = root / "artifacts" / stage / "work" / "verl" / "checkpoints" / f"global_step_{step}" / "actor"
+    files = sorted(actor.glob("model_world_size_*_rank_*.pt"), key=lambda f: int(f.stem.rsplit("_", 1)[1]))
+    shards = [torch.load(f, weights_only=False, map_location="cpu") for f in files]
+    full = {}
+    for key, first in shards[0].items():
+        if hasattr(first, "placements"):
+            assert all(p.is_shard(0) for p in first.placements), (key, first.placements)
+            full[key] = torch.cat([s[key].to_local() for s in shards])
+        else:
+            full[key] = first
+    return full
+
+
+def _kept_per_step(records: list[dict]) -> list[int]:
+    """How many rollouts each step trained on (generated less those the structural filter dropped)."""
+    return [
+        int(r["train/rollouts_generated"] - r.get("rollout/structurally_rejected", 0.0))
+        for r in records
+        if "reward/mean" in r
+    ]
+
+
+# What a step reports that depends on how its batch was split over ranks and micro-batches, not on what was
+# trained: verl's per-rank sequence-length statistics (not compared), its ppo_kl (a mean over ranks of
+# micro-batch means) and the NPR actor's per-token means over pre- or post-merge tokens (means of micro-batch
+# means: no global denominator reaches a micro-batch; plugins/engine.py). Measured 1 rank against 2 on the
+# same batches: at most 0.9% apart (post-merge |dlogp| mean), ppo_kl 0.46%.
+RANK_SPLIT = ("verl/actor/ppo_kl", "_abs_logp_diff_mean", "post_merge_is_weight_mean", "post_merge_is_truncated_frac")
+RANK_SPLIT_REL = 2e-2
+
+
+def _across_ranks(record: dict) -> tuple[dict, dict]:
+    """``record`` without its timings and its rank-split statistics, and those statistics."""
+    kept = {k: v for k, v in _untimed(record).items() if not k.startswith("verl/global_seqlen/")}
+    split = {k: kept.pop(k) for k in list(kept) if k.endswith(RANK_SPLIT)}
+    return kept, split
+
+
+def test_a_killed_two_rank_verl_stage_resumes_and_reports_the_one_rank_run(repo: Path, tmp_path: Path) -> None:
     stage = "papo_rl"
     before = _ray_processes()
-    other = _make_repo(tmp_path / "repo")
-    reference = _npr_stage(repo, stage)  # the uninterrupted run, beside the one that is killed
+    other = _make_repo(tmp_path / "repo", extra=(f"{stage}.verl.n_gpus_per_node={RANKS}",))
+    reference = _npr_stage(repo, stage)  # the uninterrupted 1-rank run, beside the 2-rank one that is killed
     proc = _npr_stage(other, stage, start_new_session=True)
     _wait_for_reported_checkpoint(other, stage, proc, 1)
     os.killpg(proc.pid, signal.SIGKILL)  # the stage, with no chance to stop anything it started
@@ -278,24 +332,44 @@ def test_a_killed_verl_stage_resumes_and_reports_the_uninterrupted_run(repo: Pat
 
     rerun = _npr_stage(other, stage)
     uninterrupted = _finish(repo, stage, reference)
-    # npr_zero (DAPO, verl's stock actor and single-turn loop) takes the lane the reference leaves
+    # npr_zero (DAPO, verl's stock actor and single-turn loop, 2 ranks) takes the lane the reference leaves
     zero = _npr_stage(repo, "npr_zero")
     resumed = _finish(other, stage, rerun)
     zero_metrics = _finish(repo, "npr_zero", zero)
     assert _assert_trained_through_verl(repo, "npr_zero", zero_metrics, before)
     assert _assert_trained_through_verl(repo, stage, uninterrupted, before)
     assert resumed["attempts"] == 2 and resumed["resumed_from_step"] == 1
-    # every step of the run is reported once, as the uninterrupted run reported it: the same rollouts, rewards
-    # and held-out results; the actor's numbers to fp32 rounding (verl orders a step's samples by random uids)
-    _assert_same(
-        [_untimed(r) for r in _records(other, stage)], [_untimed(r) for r in _records(repo, stage)], "records"
-    )
+    # every step of the run is reported once, as the uninterrupted 1-rank run reported it: the same rollouts,
+    # rewards and held-out results; the actor's numbers to fp32 rounding (verl orders a step's samples by random
+    # uids, and two ranks reduce in another order)
+    two, one = _records(other, stage), _records(repo, stage)
+    assert len(two) == len(one)
+    for a, b in zip(two, one, strict=True):
+        (a_kept, a_split), (b_kept, b_split) = _across_ranks(a), _across_ranks(b)
+        _assert_same(a_kept, b_kept, f"records step {a.get('step')}")
+        assert set(a_split) == set(b_split)
+        for key in a_split:
+            assert math.isclose(a_split[key], b_split[key], rel_tol=RANK_SPLIT_REL, abs_tol=1e-6), key
     for key in ("steps", "final/accuracy", "final/format_valid", "evals", "train/rollouts_generated", "reward/mean"):
         _assert_same(resumed[key], uninterrupted[key], key)
+    # a step's filtered batch did not divide by the world size, and both ranks trained on it (verl balances
+    # unequal shards; the update still equals the 1-rank one below)
+    assert any(n % RANKS for n in _kept_per_step(two)), f"no step exercised an uneven batch: {_kept_per_step(two)}"
+    # each update on 2 ranks (the 2nd after the resume, from the 2-shard checkpoint) equals the 1-rank update of
+    # the same batch to fp32 reduction noise: measured 8.9e-8 at most per weight, 1.7e-8 relative per tensor
+    for step in (1, 2):
+        w2, w1 = _checkpoint_weights(other, stage, step), _checkpoint_weights(repo, stage, step)
+        assert w2.keys() == w1.keys()
+        worst = max(float((w2[k] - w1[k]).abs().max()) for k in w1)
+        assert worst <= 1e-6, f"step {step}: 2-rank and 1-rank updates differ by up to {worst}"
+    # verl's merger put the 2 shards back together: its output is the trainer's weights rounded to bf16 (the
+    # merger's dtype), bit for bit
+    merged = load_file(str(other / "artifacts" / stage / "model" / "model.safetensors"))
+    trained = _checkpoint_weights(other, stage, 2)
+    assert merged and all(torch.equal(merged[k], trained[k].to(torch.bfloat16)) for k in merged), "merge is not the shards"
     a = load_file(str(repo / "artifacts" / stage / "model" / "model.safetensors"))
-    b = load_file(str(other / "artifacts" / stage / "model" / "model.safetensors"))
     # bf16 outputs of fp32 weights equal to rounding: at most one bf16 step apart
-    assert all(torch.allclose(a[k].float(), b[k].float(), rtol=2**-7, atol=1e-6) for k in a)
+    assert all(torch.allclose(a[k].float(), merged[k].float(), rtol=2**-7, atol=1e-6) for k in a)
 
 
 ROUNDING_METRICS = ("rollout_probs_diff", "rollout_corr", "ppo_kl", "probs_pearson")
