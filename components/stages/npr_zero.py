@@ -19,6 +19,6 @@ from components.training.rl import train_rl
 def run(cfg: PipelineConfig, io: StageIO) -> dict[str, Any]:
     # starts from the instruct model (npr_zero.init_from: seed), which has never seen the parallel format
     job = rl_job("npr_zero", cfg, RLPaths.of(io, cfg.npr_zero.init_from))
-    # trains DAPO on sample_orz's train split, evaluating on the held-out split before, during and after;
+    # trains DAPO on sample_orz's train split, evaluating on the held-out split every eval_every steps;
     # writes NPR-Zero to npr_zero/model (checkpoints and the per-step log in npr_zero/work)
     return train_rl(job)

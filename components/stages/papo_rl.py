@@ -20,6 +20,6 @@ from components.training.rl import train_rl
 def run(cfg: PipelineConfig, io: StageIO) -> dict[str, Any]:
     # starts from NPR-Beta (papo_rl.init_from: parallel_warmup), which already writes the parallel format
     job = rl_job("papo_rl", cfg, RLPaths.of(io, cfg.papo_rl.init_from))
-    # trains PAPO on sample_orz's train split, evaluating on the held-out split before, during and after;
+    # trains PAPO on sample_orz's train split, evaluating on the held-out split every eval_every steps;
     # writes NPR to papo_rl/model (checkpoints, the step log and the filtered rollouts in papo_rl/work)
     return train_rl(job)

@@ -18,6 +18,6 @@ from components.training.rl import train_rl
 def run(cfg: PipelineConfig, io: StageIO) -> dict[str, Any]:
     # starts from SR-Beta (sr_rl.init_from: sequential_warmup), fine-tuned causally on the same trajectories
     job = rl_job("sr_rl", cfg, RLPaths.of(io, cfg.sr_rl.init_from))
-    # trains DAPO on sample_orz's train split, evaluating on the held-out split before, during and after;
+    # trains DAPO on sample_orz's train split, evaluating on the held-out split every eval_every steps;
     # writes SR to sr_rl/model (checkpoints and the per-step log in sr_rl/work)
     return train_rl(job)
