@@ -9,13 +9,15 @@ gloo, the torch rollout server receiving the trainer's weights after every step,
 model merger into the stage's output. Nothing is stood in for.
 
 Two steps each, tiny batches (about three to four minutes a job on 2 cores, most of it verl starting its
-Ray workers). ``papo_rl`` (the NPR actor and the parallel agent loop) is also run on **two ranks** (FSDP over
-two CPU processes on gloo), killed (SIGKILL) after its step-1 checkpoint and rerun: the rerun resumes from
-its 2-shard checkpoint and reports what the uninterrupted **one-rank** run reported, step by step, its
-updates within fp32 reduction noise of the one-rank updates, through a step whose structurally filtered
-batch does not divide by the world size. Resuming is the stage's code, shared by every RL stage (verl's
-``resume_mode: auto`` on the stage's checkpoint folder), so one stage's kill shows it; ``npr_zero`` (verl's
-stock actor) also trains on two ranks, straight through, and the other two on one.
+Ray workers). ``papo_rl`` (the NPR actor and the parallel agent loop) is run twice: on one rank,
+uninterrupted, and on **two ranks** (FSDP over two CPU processes on gloo), killed (SIGKILL) after its step-1
+checkpoint and rerun: the rerun resumes from its 2-shard checkpoint and reports what the one-rank run
+reported, step by step, its updates within fp32 reduction noise of the one-rank updates, through a step whose
+structurally filtered batch does not divide by the world size. Resuming is the stage's code, shared by every
+RL stage (verl's ``resume_mode: auto`` on the stage's checkpoint folder), so one stage's kill shows it;
+``npr_zero`` (verl's stock actor and single-turn loop) trains on two ranks straight through, ``pr1_rl`` (the
+NPR actor under Parallel-R1's schema) on one. ``sr_rl`` trains through verl with its rollouts from a stock
+vLLM server, beside ``papo_rl`` (test_verl_vllm_rollout.py, which uses this module's helpers).
 Jobs run two at a time, each with its own Ray head (a job leaves one of the two cores mostly idle while
 its workers start), which also shows that two stages' heads on one machine do not collide.
 """
@@ -239,23 +241,6 @@ def _assert_trained_through_verl(
     return signal
 
 
-def test_the_sequential_and_parallel_r1_stages_train_through_verls_main_ppo(repo: Path) -> None:
-    before = _ray_processes()
-    jobs = {stage: _npr_stage(repo, stage) for stage in ("sr_rl", "pr1_rl")}  # side by side, a head each
-    metrics = {stage: _finish(repo, stage, proc) for stage, proc in jobs.items()}
-    signal = {stage: _assert_trained_through_verl(repo, stage, metrics[stage], before) for stage in jobs}
-    # sr_rl's stage3 reward tells a structurally filtered rollout (0) from a wrong one (-1), so its groups
-    # differ and its weights move. pr1_rl starts here from tiny-instruct with Parallel-R1's tags added and no
-    # cold start: trained under the NPR instruction only, it next to never answers right under Parallel-R1's
-    # (0 of 32 rollouts on 2026-12-05), so its accuracy reward is -1 for every rollout and GRPO has nothing to
-    # learn from, which the test accepts (unchanged weights, zero gradient); the NPR actor's update through
-    # the parallel agent loop moves papo_rl's weights in the next test
-    assert signal["sr_rl"]
-    # Parallel-R1 is native parallel: the NPR actor and the npr_parallel agent loop, schema parallel_r1
-    overrides = (repo / "artifacts" / "pr1_rl" / "work" / "verl" / "verl_overrides.yaml").read_text()
-    assert "default_agent_loop=npr_parallel" in overrides and "NPR_SCHEMA: parallel_r1" in overrides
-
-
 TIME_KEYS = ("timing_s/", "perf/", "verl/timing", "verl/perf", "verl/timing_per_token_ms", "verl/actor/perf")
 
 
@@ -332,12 +317,23 @@ def test_a_killed_two_rank_verl_stage_resumes_and_reports_the_one_rank_run(repo:
 
     rerun = _npr_stage(other, stage)
     uninterrupted = _finish(repo, stage, reference)
-    # npr_zero (DAPO, verl's stock actor and single-turn loop, 2 ranks) takes the lane the reference leaves
+    # npr_zero (DAPO, verl's stock actor and single-turn loop, 2 ranks) takes the lane the reference leaves,
+    # Parallel-R1's RL the one the rerun leaves
     zero = _npr_stage(repo, "npr_zero")
     resumed = _finish(other, stage, rerun)
+    pr1 = _npr_stage(other, "pr1_rl")
     zero_metrics = _finish(repo, "npr_zero", zero)
+    pr1_metrics = _finish(other, "pr1_rl", pr1)
     assert _assert_trained_through_verl(repo, "npr_zero", zero_metrics, before)
     assert _assert_trained_through_verl(repo, stage, uninterrupted, before)
+    # pr1_rl starts here from tiny-instruct with Parallel-R1's tags added and no cold start: trained under the
+    # NPR instruction only, it next to never answers right under Parallel-R1's (0 of 32 rollouts on
+    # 2026-12-05), so its accuracy reward is -1 for every rollout and GRPO may have nothing to learn from,
+    # which the check accepts (unchanged weights, zero gradient). It is native parallel: the NPR actor and the
+    # npr_parallel agent loop, schema parallel_r1
+    _assert_trained_through_verl(other, "pr1_rl", pr1_metrics, before)
+    overrides = (other / "artifacts" / "pr1_rl" / "work" / "verl" / "verl_overrides.yaml").read_text()
+    assert "default_agent_loop=npr_parallel" in overrides and "NPR_SCHEMA: parallel_r1" in overrides
     assert resumed["attempts"] == 2 and resumed["resumed_from_step"] == 1
     # every step of the run is reported once, as the uninterrupted 1-rank run reported it: the same rollouts,
     # rewards and held-out results; the actor's numbers to fp32 rounding (verl orders a step's samples by random
