@@ -109,7 +109,41 @@ def request_seed(
     return sample_seed(seed, *key[:1], hash_tokens(prompt), *key[2:], occurrence)
 
 
-class TorchRolloutServer:
+class HostMemoryServerCalls:
+    """The rest of verl's rollout-server calls, for a server that keeps its weights and KV cache in host memory
+    for the whole job: there is no device memory to release or restore (the torch model on the CPU; vLLM's
+    CPU platform, which has no sleep mode), and aborts belong to verl's asynchronous trainers (partial
+    rollouts), which these rollouts do not serve. Shared by ``TorchRolloutServer`` and the vLLM server's proxy."""
+
+    async def wake_up(self) -> None:
+        return None
+
+    async def sleep(self) -> None:
+        return None
+
+    async def clear_kv_cache(self) -> None:
+        return None
+
+    async def release_kv_cache(self) -> None:
+        return None
+
+    async def resume_kv_cache(self) -> None:
+        return None
+
+    async def abort_all_requests(self, reject_request: bool = False) -> None:
+        return None
+
+    async def resume_generation(self) -> None:
+        return None
+
+    async def start_profile(self, **kwargs: Any) -> None:
+        return None
+
+    async def stop_profile(self) -> None:
+        return None
+
+
+class TorchRolloutServer(HostMemoryServerCalls):
     """One replica's inference server on a torch model (a Ray actor; see the module docstring)."""
 
     def __init__(
@@ -245,36 +279,6 @@ class TorchRolloutServer:
             "global_steps": self.global_steps,
             "pid": os.getpid(),
         }
-
-    # ------------------------------------------------------------------- the rest of verl's server calls
-    # A CPU model has no device memory to release or restore and no KV cache between requests; aborts
-    # belong to verl's asynchronous trainers (partial rollouts), which this rollout does not serve.
-    async def wake_up(self) -> None:
-        return None
-
-    async def sleep(self) -> None:
-        return None
-
-    async def clear_kv_cache(self) -> None:
-        return None
-
-    async def release_kv_cache(self) -> None:
-        return None
-
-    async def resume_kv_cache(self) -> None:
-        return None
-
-    async def abort_all_requests(self, reject_request: bool = False) -> None:
-        return None
-
-    async def resume_generation(self) -> None:
-        return None
-
-    async def start_profile(self, **kwargs: Any) -> None:
-        return None
-
-    async def stop_profile(self) -> None:
-        return None
 
 
 class TorchReplica(RolloutReplica):

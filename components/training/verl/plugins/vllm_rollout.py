@@ -54,6 +54,7 @@ from components.training.verl.plugin_names import (
 )
 from components.training.verl.plugins.torch_rollout import (
     ADAPTER_PATH,
+    HostMemoryServerCalls,
     TorchReplica,
     max_new_tokens_of,
     request_seed,
@@ -65,7 +66,7 @@ logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "WARN"))
 ROLLOUT_NAME = SERVED_ROLLOUT
 
 
-class VLLMRolloutServer:
+class VLLMRolloutServer(HostMemoryServerCalls):
     """One replica's vLLM server and the verl calls it answers (a Ray actor; see the module docstring)."""
 
     def __init__(
@@ -199,36 +200,6 @@ class VLLMRolloutServer:
 
     def _write_stats(self) -> None:
         (self.work_dir / "stats.json").write_text(json.dumps(self.stats(), indent=2))
-
-    # ------------------------------------------------------------------- the rest of verl's server calls
-    # The server keeps its weights and KV cache in host memory for the whole job (vLLM's CPU platform has no
-    # sleep mode); aborts belong to verl's asynchronous trainers, which this rollout does not serve.
-    async def wake_up(self) -> None:
-        return None
-
-    async def sleep(self) -> None:
-        return None
-
-    async def clear_kv_cache(self) -> None:
-        return None
-
-    async def release_kv_cache(self) -> None:
-        return None
-
-    async def resume_kv_cache(self) -> None:
-        return None
-
-    async def abort_all_requests(self, reject_request: bool = False) -> None:
-        return None
-
-    async def resume_generation(self) -> None:
-        return None
-
-    async def start_profile(self, **kwargs: Any) -> None:
-        return None
-
-    async def stop_profile(self) -> None:
-        return None
 
 
 class VLLMServerReplica(TorchReplica):
