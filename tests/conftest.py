@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+from _pytest.nodeid import coerce_node_id  # where pytest 9.2 keeps a node's id (above)
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
@@ -64,7 +65,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     own (its module fixtures are built once, on one worker), and the files marked ``xdist_group("ray")``
     (they start Ray clusters: verl's main_ppo, the replay buffer's TransferQueue, the verl benchmark) share
     one group, so two Ray clusters never run at once on CI's two cores (a run that let them hit load 16).
-    Runs before xdist's own hook, which reads the group."""
+
+    The group reaches xdist's scheduler as a ``@<group>`` suffix of the test's node id. pytest-xdist 3.8.0
+    writes it to ``item._nodeid``, which pytest 9.2 no longer reads (a node id is ``item._id`` now), so the
+    groups were silently ignored and the Ray files ran side by side on both workers: a fresh-clone
+    `make test` had verl's 2-rank job and the vLLM rollout's two servers at once, and Ray's memory monitor
+    killed workers at 95% of 24 GiB. The suffix is written here, where pytest reads it (xdist's own write,
+    after this, changes nothing; were it to land too, the scheduler reads the last ``@`` part, the same
+    group)."""
+    grouping = bool(getattr(config.option, "loadgroup", False))
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+        if grouping:
+            marks = item.iter_markers("xdist_group")
+            names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in marks})
+            item._id = coerce_node_id(f"{item.nodeid}@{'_'.join(names)}")
