@@ -271,8 +271,10 @@ def _shares_of_the_mini_batch(metrics: dict[str, float], merged_tokens: int, dat
     out["rollout_corr/nonfinite_rollout_logp"] = metrics["rollout_corr/nonfinite_rollout_logp"] * dp_size
     if batch_tokens:
         out["rollout_corr/post_merge_token_frac"] = merged_tokens * dp_size / float(batch_tokens)
-    else:  # no global count given: the micro-batch's own fraction (one micro-batch, one rank: the same)
-        out["rollout_corr/post_merge_token_frac"] = metrics["rollout_corr/post_merge_token_frac"] * dp_size
+    else:
+        # no global token count on the micro-batch: summed micro-batch fractions would not be the batch's
+        # fraction, so it is not reported rather than reported wrong (verl 0.9.1's actor always sets it)
+        del out["rollout_corr/post_merge_token_frac"]
     return out
 
 
