@@ -178,7 +178,9 @@ def server_command(
     key_env = spec.get("api_key_env")
     key = (os.environ if env is None else env).get(str(key_env)) if key_env else None
     if key:
-        return argv + ["--api-key", key]
+        # one token: a key beginning with "-" (secrets.token_urlsafe gives one in 64) would otherwise be read
+        # by the server's argparse as a flag ("--api-key: expected at least one argument")
+        return argv + [f"--api-key={key}"]
     host = str(
         spec.get("host", "127.0.0.1")
     )  # both servers' default host here is loopback (set by the stage)

@@ -24,6 +24,8 @@ from components.ops.launch import SGLANG, SGLANG_FLAGS, SGLANG_SWITCHES, server_
 
 REPO = Path(__file__).resolve().parents[2]
 KEY_ENV = "NPR_SGLANG_API_KEY"
+# begins with "-", as one in 64 keys from secrets.token_urlsafe do: SGLang must still read it as the key
+KEY = "-k3y"
 SKIPPED = {"image", "python", "module", "env", "api_key_env"}  # not SGLang flags (launch.py's SGLANG_META)
 
 
@@ -81,12 +83,12 @@ def _check(parser: argparse.ArgumentParser, argv: list[str], spec: dict[str, Any
         text = str(spec[key])  # what the argv carries, converted as argparse converts it
         want = True if key in SGLANG_SWITCHES else action.type(text) if action.type else text
         assert getattr(parsed, action.dest) == want, (flag, action.dest)
-    assert parsed.api_key == "k3y"
+    assert parsed.api_key == KEY
 
 
 @pytest.mark.parametrize("name,spec", CASES, ids=[name for name, _ in CASES])
 def test_a_launched_server_parses_with_sglangs_own_parser(sglang_parser, name, spec) -> None:
-    argv = server_command(SGLANG, spec, "python", env={KEY_ENV: "k3y"})
+    argv = server_command(SGLANG, spec, "python", env={KEY_ENV: KEY})
     _check(sglang_parser, argv, spec)
 
 
@@ -94,13 +96,15 @@ def test_the_kubernetes_server_parses_with_sglangs_own_parser(sglang_parser) -> 
     deployment = next(yaml.safe_load_all((REPO / "infra/k8s/sglang-server.yaml").read_text()))
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     # Kubernetes expands $(VAR) from the container's env before the process starts
-    values = {"$(NPR_SERVE_MD5)": "0" * 32, f"$({KEY_ENV})": "k3y"}
-    argv = [values.get(a, a) for a in [*container["command"], *container["args"]]]
+    values = {"$(NPR_SERVE_MD5)": "0" * 32, f"$({KEY_ENV})": KEY}
+    argv = [*container["command"], *container["args"]]
+    for var, value in values.items():
+        argv = [a.replace(var, value) for a in argv]
     parsed = sglang_parser.parse_args(argv[3:])
     assert (parsed.model_path, parsed.weight_version, parsed.api_key) == (
         "artifacts/served/model",
         "0" * 32,
-        "k3y",
+        KEY,
     )
 
 

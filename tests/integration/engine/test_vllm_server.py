@@ -47,7 +47,8 @@ from tests.integration.training.conftest import warm_up
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[3]
-KEY = "npr-test-key"
+# begins with "-" as one in 64 of the rollout's generated keys do: the server must not read it as a flag
+KEY = "-npr-test-key"
 MEAN_BOUND, MAX_BOUND = 1e-4, 1e-3
 KINDS = {"sequential": 0.0, "parallel": 1.0}  # share of parallel traces each checkpoint was warmed up on
 WARMUP_STEPS = 60

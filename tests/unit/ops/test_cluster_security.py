@@ -98,16 +98,16 @@ def test_a_public_sglang_server_requires_an_api_key_from_a_secret() -> None:
     spec = load_spec(INFRA / "sglang" / "server.yaml")
     if str(spec.get("host", "127.0.0.1")) not in LOOPBACK:
         assert spec.get("api_key_env"), "infra/sglang/server.yaml listens beyond loopback without api_key_env"
-    argv = sglang_server_command(spec, env={spec["api_key_env"]: "s3cret"})
-    assert argv[argv.index("--api-key") + 1] == "s3cret"
+    argv = sglang_server_command(spec, env={spec["api_key_env"]: "-s3cret"})
+    assert "--api-key=-s3cret" in argv  # one token: a key beginning with "-" is not read as a flag
     with pytest.raises(LaunchSpecError, match=spec["api_key_env"]):
         sglang_server_command(spec, env={})  # an unset key never renders a public server without one
     with pytest.raises(LaunchSpecError, match="must require an API key"):
         sglang_server_command({k: v for k, v in spec.items() if k != "api_key_env"}, env={})
     # on loopback (a stage's own server on 127.0.0.1) the key is used when set, not required
     local = {**spec, "host": "127.0.0.1"}
-    assert "--api-key" not in sglang_server_command(local, env={})
-    assert "--api-key" in sglang_server_command(local, env={spec["api_key_env"]: "s3cret"})
+    assert not any(a.startswith("--api-key") for a in sglang_server_command(local, env={}))
+    assert "--api-key=s3cret" in sglang_server_command(local, env={spec["api_key_env"]: "s3cret"})
     # the k8s Deployment: a public host, the key from a secret reference, never a literal
     for doc in yaml.safe_load_all((INFRA / "k8s" / "sglang-server.yaml").read_text()):
         if doc.get("kind") != "Deployment":
@@ -115,8 +115,8 @@ def test_a_public_sglang_server_requires_an_api_key_from_a_secret() -> None:
         container = doc["spec"]["template"]["spec"]["containers"][0]
         args = container["args"]
         if args[args.index("--host") + 1] not in LOOPBACK:
-            key_arg = args[args.index("--api-key") + 1]
-            var = re.fullmatch(r"\$\((\w+)\)", key_arg)
+            key_arg = next(a for a in args if a.startswith("--api-key="))  # one token, as launch.py renders it
+            var = re.fullmatch(r"--api-key=\$\((\w+)\)", key_arg)
             assert var, f"--api-key must come from the environment, got {key_arg!r}"
             env = {e["name"]: e for e in container["env"]}
             assert "secretKeyRef" in env[var.group(1)]["valueFrom"]
