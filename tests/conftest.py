@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,28 @@ for key, value in {
     "RAY_worker_niceness": "0",
 }.items():
     os.environ.setdefault(key, value)
+
+
+# Variables that point a process at a Prefect server or database. A test that leaves one changed sends every
+# later test on its worker, and each process they start, to a server that is gone: CI's e2e `npr run` once
+# inherited a stopped test server's PREFECT_API_URL and failed with "Failed to reach API".
+PREFECT_POINTERS = ("PREFECT_API_URL", "PREFECT_HOME", "PREFECT_PROFILES_PATH", "PREFECT_API_KEY")
+
+
+@pytest.fixture(autouse=True)
+def _prefect_pointers_restored(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fails the test that changes one of ``PREFECT_POINTERS`` without undoing it (monkeypatch undoes its own
+    changes before this runs), and puts the old values back so the rest of the worker is unaffected."""
+    before = {key: os.environ.get(key) for key in PREFECT_POINTERS}
+    yield
+    changed = sorted(key for key, value in before.items() if os.environ.get(key) != value)
+    for key in changed:
+        if before[key] is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = before[key]
+    if changed:
+        pytest.fail(f"{request.node.nodeid} left {changed} changed in os.environ (use monkeypatch)")
 
 
 @pytest.fixture(autouse=True, scope="session")

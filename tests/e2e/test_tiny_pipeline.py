@@ -61,9 +61,10 @@ SMALL = [
 
 
 def _run(cmd: list[str], cwd: Path, timeout: int = 1800) -> subprocess.CompletedProcess:
-    env = dict(
-        os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", PREFECT_HOME=str(cwd / ".prefect")
-    )
+    # a fresh user's shell: Prefect's API is the one `npr run` starts (the clone's own PREFECT_HOME), never a
+    # server the suite's process was pointed at
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env.update(PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", PREFECT_HOME=str(cwd / ".prefect"))
     proc = subprocess.run(cmd, cwd=cwd, env=env, text=True, capture_output=True, timeout=timeout, check=False)
     assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
     return proc

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -35,13 +36,15 @@ def health_api() -> Iterator[str]:
 def test_a_recorded_healthy_server_becomes_the_api(
     tmp_path: Path, health_api: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    # setenv first, so teardown removes the URL use_running_server writes to os.environ: a bare
+    # delenv(raising=False) of an unset variable records nothing, and the URL of this test's (then stopped)
+    # server leaked into later tests on the worker (CI: the e2e's `npr run` inherited it, "Failed to reach API")
+    monkeypatch.setenv("PREFECT_API_URL", "unset-by-this-test")
+    monkeypatch.delenv("PREFECT_API_URL")
     assert use_running_server(tmp_path) is None  # nothing recorded: Prefect's own (ephemeral) API
     record_server(health_api, 123, tmp_path)
     assert server_file(tmp_path).exists()
     assert use_running_server(tmp_path) == health_api
-    import os
-
     assert os.environ["PREFECT_API_URL"] == health_api
 
 

@@ -64,12 +64,13 @@ def test_a_restart_without_checkpoint_logs_everything_once(tmp_path: Path) -> No
     assert run.logged == [0, 2]
 
 
-def test_a_stage_process_starts_its_own_wandb_service_not_its_parents(monkeypatch):
+def test_a_stage_process_starts_its_own_wandb_service_not_its_parents(monkeypatch, tmp_path):
     # wandb exports WANDB_SERVICE once it starts a service; a stage that joined its parent's service and was
     # killed would leave its run's stream there, and its rerun (same run id) would be refused as "in use"
     import components.cli as cli
 
     monkeypatch.setenv("WANDB_SERVICE", "2-4242-tcp-localhost-1")
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path))  # main() applies the CLI's defaults to os.environ
     seen: dict[str, str | None] = {}
     monkeypatch.setattr(
         cli, "app", lambda: seen.setdefault("service", __import__("os").environ.get("WANDB_SERVICE"))
