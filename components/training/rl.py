@@ -233,6 +233,7 @@ class RLTrainer:
                     text=gen.text,
                     finish_reason=gen.finish_reason,
                     parallel_taken=gen.parallel_taken,
+                    forked_at=tuple(b.start for b in gen.blocks) if self.sc.engine_mode == "parallel" else None,
                     reward=res.score,
                     correct=res.correct,
                     valid=res.valid,

@@ -26,6 +26,7 @@ from components.structure import (
     TagIds,
     lay_out,
     parallel_segments,
+    parse_ids,
     prediction_sources,
     to_additive_mask,
 )
@@ -50,6 +51,10 @@ class Rollout:
     valid: bool = False
     format_score: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
+    # where a parallel engine forked: the response index of each forked block's first ``<step>``
+    # (``BlockRecord.start`` of ``Generation.blocks``); None for a sequential engine, whose rollouts are
+    # trained with sequential visibility and never laid out as blocks
+    forked_at: tuple[int, ...] | None = None
 
     @property
     def truncated(self) -> bool:
@@ -92,21 +97,48 @@ class PolicyBatch:
         )
 
 
+# A parallel engine's rollout with two or more steps in a block the engine did not fork (``plan_fork`` refused it: more
+# plans than max_branches, the token budget, ...; the main stream then goes on and the model may write the
+# steps itself). Those steps were sampled seeing each other at sequential positions; the parallel layout
+# hides sibling steps from each other and restarts their positions, so training on it would score tokens
+# under a context they were never sampled in (off-policy by up to the whole block).
+UNFORKED_STEPS = "unforked_steps"
+
+
 def structural_violation(rollout: Rollout, tags: TagIds) -> StructureError | None:
     """The canonical mask builder's error for this rollout's response, or None if it accepts it. Its
-    ``code`` is one of a fixed set (``components.structure.score.PENALTIES`` or ``malformed``): what metric
-    names may carry; its message (reason and token offset) is free text for the stage's records."""
+    ``code`` is one of a fixed set (``components.structure.score.PENALTIES``, ``malformed``, or
+    ``UNFORKED_STEPS`` for a parallel engine's rollout, ``forked_at`` set, with a block of two or more steps
+    the engine did not fork): what metric names may carry; its message (reason and token offset) is free text
+    for the stage's records."""
+    ids = rollout.prompt_ids + rollout.response_ids
+    start = len(rollout.prompt_ids)
     try:
-        parallel_segments(rollout.prompt_ids + rollout.response_ids, tags, start=len(rollout.prompt_ids))
+        parallel_segments(ids, tags, start=start)
     except StructureError as err:
         return err
+    if rollout.forked_at is None:
+        return None
+    blocks = parse_ids(ids, tags, start=start, check_content=False).all_blocks()
+    # response indices of the blocks whose layout is not the sequential text: one step reads as it was written
+    written = [blk.steps[0].span.start - start for blk in blocks if blk.branches >= 2]
+    unforked = [at for at in written if at not in set(rollout.forked_at)]
+    if unforked:
+        return StructureError(
+            f"{len(unforked)} of {len(written)} blocks' steps were written in the main stream, not forked by "
+            "the engine (a refused fork)",
+            unforked[0] + start,
+            UNFORKED_STEPS,
+        )
     return None
 
 
 def structural_rejection(rollout: Rollout, tags: TagIds) -> str | None:
-    """Why the canonical mask builder rejects this rollout's response, or None if it accepts it."""
+    """The category (``structural_violation``'s ``code``, a fixed set) of why this rollout is rejected, or
+    None if it is accepted: what the local trainer and verl's agent loop both name their
+    ``rollout/rejected/<code>`` counts after (free text with token offsets would make a metric per trace)."""
     err = structural_violation(rollout, tags)
-    return None if err is None else str(getattr(err, "reason", None) or err)
+    return None if err is None else err.code
 
 
 def response_mask_of(rollouts: list[Rollout]) -> torch.Tensor:

@@ -25,7 +25,7 @@ from components.engine.controller import end_of_turn_ids
 from components.models.tags import add_tag_tokens
 from components.prompts import chat_messages
 from components.structure import TagIds, post_merge_mask
-from components.training.rl_batch import Rollout, build_policy_batch, response_log_probs
+from components.training.rl_batch import Rollout, build_policy_batch, response_log_probs, structural_rejection
 from components.training.verl.job import VerlRunInputs, build_overrides, reward_settings
 from components.training.verl.plugins.agent_loop import NPRParallelAgentLoop, registered_agent_loop
 from components.training.verl.validate import compose_verl_config
@@ -180,6 +180,52 @@ def test_a_structurally_invalid_trace_is_dropped_and_counted_but_kept_for_valida
 
     held_out = asyncio.run(one("test"))
     assert held_out != [] and held_out.extra_fields["reward_extra_info"]["structurally_rejected"] is True
+
+
+def test_steps_written_after_a_refused_fork_are_dropped_not_trained_as_branches(warm_world):
+    """More plans than ``max_branches``: the controller refuses the fork and the main stream goes on, so the
+    model writes the block's steps itself, each reading the ones before it at sequential positions. The actor
+    lays every block out as branches (siblings blind to each other, positions restarted): a context those
+    tokens were never sampled in. Such a trace is dropped as ``unforked_steps``; validation keeps it."""
+    model, tok = warm_world
+    cfg = load_config(profile="tiny")
+    problem = generate_problems(1, seed=3)[0]
+    labels = range(1, 7)  # one more plan than the controller's max_branches (EngineConfig: 5)
+    guideline = "<guideline>" + "".join(f"<plan>{i}: add</plan>" for i in labels) + "</guideline>"
+    written = "".join(f"<step>{i}: 1+1=2</step>" for i in labels) + "<takeaway>2</takeaway> \\boxed{2}"
+    answers = [tok.encode(guideline, add_special_tokens=False)]
+    answers.append(tok.encode(written, add_special_tokens=False) + [tok.eos_token_id])
+
+    class Scripted(TorchServerManager):
+        """Answers the main stream's requests with the guideline, then (the fork refused) the steps."""
+
+        async def generate(self, request_id, *, prompt_ids, sampling_params, **kw):
+            ids = answers[self.calls]
+            self.calls += 1
+            return TokenOutput(token_ids=ids, log_probs=[-1.0] * len(ids), stop_reason="stop")
+
+    async def one(split: str):
+        loop = agent_loop(model, tok, cfg)
+        loop.server_manager = Scripted(model, tok)
+        out = await loop.run(dict(SAMPLING), **dataset_row(problem, cfg, split=split))
+        assert loop.server_manager.calls == 2, "no branch request: the fork was refused"
+        return out
+
+    NPRParallelAgentLoop.filter_counts.clear()
+    assert asyncio.run(one("train")) == []
+    assert dict(NPRParallelAgentLoop.filter_counts) == {"rejected": 1, "rejected/unforked_steps": 1}
+
+    held_out = asyncio.run(one("test"))
+    assert held_out != [] and held_out.extra_fields["reward_extra_info"]["structurally_rejected"] is True
+    assert held_out.extra_fields["reward_extra_info"]["fork_refusals"] == 1
+    # the structure itself is well formed: only where it was sampled makes it untrainable as branches
+    prompt, response = held_out.prompt_ids, held_out.response_ids
+    assert (
+        structural_rejection(
+            Rollout("g", "p", "2", prompt, response, "", "stop", False), TagIds.from_tokenizer(tok, "npr")
+        )
+        is None
+    )
 
 
 def test_parallel_r1_rollouts_fork_at_parallel_into_the_paths_the_row_asks_for(warm_world, monkeypatch):

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from components.config import load_config
 from components.models.tiny import tiny_test_world
-from components.structure import TagIds, parallel_attention_inputs, prediction_sources
-from components.training.rl_batch import build_policy_batch, response_log_probs, structural_rejection
+from components.structure import PENALTIES, TagIds, parallel_attention_inputs, prediction_sources
+from components.training.rl_batch import (
+    UNFORKED_STEPS,
+    build_policy_batch,
+    response_log_probs,
+    structural_rejection,
+    structural_violation,
+)
 from components.training.rl_objective import actor_config, compute_advantages, compute_policy_loss
 from tests.support.builders import rendered_rollouts as make_rollouts
 
@@ -89,7 +97,36 @@ def test_structural_rejection_names_the_reason(world):
     assert structural_rejection(good, tags) is None
     bad = make_rollouts(tok, cfg, 1, mistake="unclosed_step")[0]
     reason = structural_rejection(bad, tags)
-    assert reason and isinstance(reason, str)
+    # a category from the fixed set metric names carry, never free text with a token offset
+    assert reason in {*PENALTIES, "malformed"}, reason
+
+
+def test_steps_the_engine_did_not_fork_are_rejected_and_would_be_scored_off_policy(world):
+    model, tok, tags, cfg = world
+    r = make_rollouts(tok, cfg, 1)[0]
+    step_open = tags.ids["<step>"]
+    # the response index of each block's first <step> (a <step> right after </guideline>), found by hand
+    firsts = tuple(
+        i
+        for i, t in enumerate(r.response_ids)
+        if t == step_open and r.response_ids[i - 1] == tags.ids["</guideline>"]
+    )
+    assert firsts, "the rendering has a block"
+    assert structural_rejection(r, tags) is None  # a sequential engine's record: no fork record to check
+    assert structural_rejection(replace(r, forked_at=firsts), tags) is None  # every block forked
+    for forked in ((), firsts[1:], tuple(i + 1 for i in firsts)):
+        err = structural_violation(replace(r, forked_at=forked), tags)
+        assert err is not None and err.code == UNFORKED_STEPS
+        assert err.position == len(r.prompt_ids) + firsts[0]
+    # why: the engine that refused the fork sampled the steps reading each other at sequential positions,
+    # the parallel layout scores them blind to their siblings: the second step's tokens differ by far more
+    # than the 1e-4 the engine and trainer agree to
+    with torch.no_grad():
+        parallel, _ = response_log_probs(model, build_policy_batch([r], tok.pad_token_id, tags))
+        sequential, _ = response_log_probs(model, build_policy_batch([r], tok.pad_token_id, None))
+    second_step = r.response_ids.index(step_open, firsts[0] + 1)
+    gap = (parallel[0, second_step:] - sequential[0, second_step:]).abs()
+    assert float(gap.max()) > 1e-2
 
 
 def test_build_rejects_empty_inputs(world):

@@ -23,8 +23,9 @@ every backend) through the async driver (``components.engine.drive``) against ve
   alternating one) from ``components/grading/verl_reward.py:compute_score`` on the response text
   with its tags, plus DAPO's overlong penalty when configured, exactly as the local trainer scores;
 - the structural filter: a training trace the canonical mask builder rejects (``rl_batch.
-  structural_rejection``), one the reward marks filtered, or an empty one is dropped (``[]``) and counted
-  by reason (``NPRParallelAgentLoop.filter_counts``, logged). Validation traces (``extra_info.held_out``,
+  structural_rejection``; also a block of two or more steps the engine did not fork, ``unforked_steps``),
+  one the reward marks filtered, or an empty one is dropped (``[]``) and counted by reason's category
+  (``NPRParallelAgentLoop.filter_counts``, logged). Validation traces (``extra_info.held_out``,
   set by the launcher for the rows of verl's validation set) are never dropped: a malformed answer counts as one in the held-out metrics.
 
 The settings of the controller are the local trainer's rollout settings (``RLTrainer._gen_cfg``):
@@ -188,7 +189,9 @@ class NPRParallelAgentLoop(AgentLoopBase):
             )
         score_time = time.perf_counter() - score_start
 
-        rejection = self._rejection(prompt_ids, response_ids, gen.text, result)
+        rejection = self._rejection(
+            prompt_ids, response_ids, gen.text, result, tuple(b.start for b in gen.blocks)
+        )
         log_rollout(
             {
                 "step": None if kwargs.get("global_steps") is None else int(_plain(kwargs["global_steps"])),
@@ -238,12 +241,21 @@ class NPRParallelAgentLoop(AgentLoopBase):
         )
 
     def _rejection(
-        self, prompt_ids: list[int], response_ids: list[int], text: str, result: dict
+        self,
+        prompt_ids: list[int],
+        response_ids: list[int],
+        text: str,
+        result: dict,
+        forked_at: tuple[int, ...],
     ) -> str | None:
-        """Why the structural filter drops this trace (the local trainer's rule), or None."""
+        """Why the structural filter drops this trace (the local trainer's rule), or None. ``forked_at``:
+        where the engine forked (a block of two or more steps it did not fork is dropped: the actor lays
+        every block out as branches)."""
         if not response_ids:
             return "empty_response"
-        rollout = Rollout("", "", "", list(prompt_ids), list(response_ids), text, "", False)
+        rollout = Rollout(
+            "", "", "", list(prompt_ids), list(response_ids), text, "", False, forked_at=forked_at
+        )
         reason = structural_rejection(rollout, self.tags)
         if reason is None and result.get("filtered"):
             reason = "reward_filtered"
