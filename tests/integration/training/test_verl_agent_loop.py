@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import math
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -299,6 +300,10 @@ def test_parallel_r1_rollouts_fork_at_parallel_into_the_paths_the_row_asks_for(w
         end = 1 + sum(o.extra_fields["npr_structure"]["blocks"][0]["branch_tokens"])
         response = o.response_ids[: end + 2] + [tags.ids["</Summary>"]]
         cut.append((Rollout("g", "p", "0", o.prompt_ids, response, "", "stop", True), o, end))
+    for r, o, _ in cut:  # the structural filter finds the engine's forks where Parallel-R1's paths are
+        forked_at = tuple(b["start"] for b in o.extra_fields["npr_structure"]["blocks"])
+        assert structural_rejection(replace(r, forked_at=forked_at), tags) is None
+        assert structural_rejection(replace(r, forked_at=()), tags) == "unforked_steps"
     batch = build_policy_batch([r for r, _, _ in cut], tok.pad_token_id, tags)
     with torch.no_grad():
         trainer, _ = response_log_probs(model, batch)
