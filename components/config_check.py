@@ -13,7 +13,8 @@ applies); ``check_profile`` runs them all. What is checked:
   own settings) fits a node, a stage that needs GPUs is placed on the gpu pool and one that needs none is
   not (a hub seed only materialises the model; the torch-engine evaluate takes one GPU);
 - **Ray**: a verl stage that attaches to a cluster, or spans nodes, names a filesystem every node mounts
-  (``verl.shared_dir``); its GPUs split into whole rollout tensor-parallel groups.
+  (``verl.shared_dir``, under a path ``infra/ray/cluster.yaml`` mounts on every node and binds into its
+  container); its GPUs split into whole rollout tensor-parallel groups.
 
 - **verl validation**: each verl RL stage's job as verl itself checks it (``verl.validate.validate_job``),
   and what a real run needs beyond it: the trainer's imports (TransferQueue for the v1 trainer), the
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -224,7 +226,35 @@ def check_gpu_counts(cfg: PipelineConfig) -> list[Check]:
     return rows
 
 
-def check_ray(cfg: PipelineConfig) -> list[Check]:
+RAY_CLUSTER = "infra/ray/cluster.yaml"
+
+
+def ray_shared_mounts(cluster: dict[str, Any]) -> list[str]:
+    """The container paths a Ray cluster YAML binds from its nodes (``docker.run_options``' ``-v HOST:PATH``)
+    that its ``initialization_commands`` mount on every node first: where a shared filesystem is seen."""
+    options = (cluster.get("docker") or {}).get("run_options") or []
+    commands = [str(c) for c in cluster.get("initialization_commands") or []]
+    out = []
+    for option in options:
+        parts = str(option).split()
+        if len(parts) != 2 or parts[0] not in ("-v", "--volume"):
+            continue
+        host, _, inside = parts[1].partition(":")
+        # a `mount ... <host>` on the node (not `mountpoint`, not `mkdir`): the host folder is a real mount
+        mounted = re.compile(rf"\bmount\b[^;&|]*\s{re.escape(host)}(?=[\s)]|$)")
+        if inside and any(mounted.search(c) for c in commands):
+            out.append(inside.split(":")[0])
+    return out
+
+
+def _under(path: str, roots: list[str]) -> bool:
+    return any(Path(path) == Path(r) or Path(r) in Path(path).parents for r in roots)
+
+
+def check_ray(cfg: PipelineConfig, root: Any = None) -> list[Check]:
+    """See the module docstring; ``root``: the checkout whose ``infra/ray/cluster.yaml`` the cluster runs."""
+    cluster = yaml.safe_load((Path(root or ".") / RAY_CLUSTER).read_text())
+    shared = ray_shared_mounts(cluster)
     rows = []
     for stage, sc in cfg.sections(RLStageConfig).items():
         if sc.backend != "verl":
@@ -238,6 +268,11 @@ def check_ray(cfg: PipelineConfig) -> list[Check]:
             problems.append(
                 f"{stage} {where}, so its workers cannot read the submitting node's files: set "
                 f"{stage}.verl.shared_dir to a filesystem every Ray node mounts"
+            )
+        elif (v.nnodes > 1 or v.ray_address) and not _under(v.shared_dir, shared):
+            problems.append(
+                f"{stage}.verl.shared_dir {v.shared_dir} is not on a filesystem {RAY_CLUSTER} mounts on every "
+                f"node ({', '.join(shared) or 'none'}): each Ray worker would see its own empty folder there"
             )
         if v.nnodes > 1 and not v.ray_address:
             problems.append(

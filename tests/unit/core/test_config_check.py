@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from components.cli import app
 from components.config import load_config
-from components.config_check import check_profile
+from components.config_check import check_profile, ray_shared_mounts
 
 # every profile file, overlays included (configs/*.yaml)
 PROFILES = sorted(p.stem for p in (Path(__file__).resolve().parents[3] / "configs").glob("*.yaml"))
@@ -65,6 +65,11 @@ def test_the_checks_cover_what_a_gpu_run_needs():
         (["distill.generation.max_new_tokens=39500"], "context_length"),
         (["npr_zero.verl.max_prompt_length=300000"], "npr_zero.verl.max_prompt_length"),
         (["papo_rl.verl.ray_address=http://ray-head:8265"], "papo_rl.verl.shared_dir"),
+        # a folder each node has on its own disk: the workers would not see the submitting node's files
+        (
+            ["papo_rl.verl.ray_address=http://ray-head:8265", "papo_rl.verl.shared_dir=/scratch/npr"],
+            "infra/ray/cluster.yaml mounts",
+        ),
         (["sr_rl.verl.rollout_tp=3"], "sr_rl.verl.rollout_tp"),
         (["sample_orz.test_n=0"], "sample_orz.test_n"),
         (["orchestration.gpu.memory_gib=24"], "papo_rl.verl"),
@@ -189,3 +194,22 @@ def test_the_parallel_r1_evaluation_budget_is_checked_against_its_own_prompt_bou
     bad = [r for r in rows if not r.ok]
     assert [(r.check, r.stage) for r in bad] == [("context length", "evaluate")], bad
     assert "pr1_rl.verl.max_prompt_length" in bad[0].detail and "parallel_r1.max_new_tokens 440" in bad[0].detail
+
+
+def test_a_stage_submitted_to_the_cluster_passes_with_its_files_on_the_clusters_shared_filesystem():
+    cfg = load_config(
+        profile="qwen3-4b",
+        overrides=["papo_rl.verl.ray_address=http://ray-head:8265", "papo_rl.verl.shared_dir=/mnt/npr-shared/runs"],
+    )
+    ray = {r.stage: r for r in check_profile(cfg) if r.check == "Ray"}
+    assert ray["papo_rl"].ok and "attach http://ray-head:8265" in ray["papo_rl"].detail
+
+
+def test_a_shared_mount_is_a_folder_mounted_on_every_node_and_bound_into_its_container():
+    mount = "sudo mkdir -p /mnt/s && (mountpoint -q /mnt/s || sudo mount -t nfs4 fs:/ /mnt/s)"
+    bound = {"docker": {"run_options": ["--shm-size=64g", "-v /mnt/s:/shared"]}}
+    assert ray_shared_mounts({**bound, "initialization_commands": [mount]}) == ["/shared"]
+    # bound but only created (each node's own empty folder), or mounted but not bound into the container
+    assert ray_shared_mounts({**bound, "initialization_commands": ["sudo mkdir -p /mnt/s"]}) == []
+    assert ray_shared_mounts({**bound, "initialization_commands": ["mountpoint -q /mnt/s"]}) == []
+    assert ray_shared_mounts({"docker": {"run_options": []}, "initialization_commands": [mount]}) == []
