@@ -15,8 +15,9 @@ checkpoint and rerun: the rerun resumes from its 2-shard checkpoint and reports 
 reported, step by step, its updates within fp32 reduction noise of the one-rank updates, through a step whose
 structurally filtered batch does not divide by the world size. Resuming is the stage's code, shared by every
 RL stage (verl's ``resume_mode: auto`` on the stage's checkpoint folder), so one stage's kill shows it;
-``npr_zero`` (verl's stock actor and single-turn loop) trains on two ranks straight through, ``pr1_rl`` (the
-NPR actor under Parallel-R1's schema) on one. ``sr_rl`` trains through verl with its rollouts from a stock
+``npr_zero`` (verl's stock actor and single-turn loop) on two ranks is killed after step 1 and resumed as
+well (its resumed run is checked step by step, without a reference run of its own), ``pr1_rl`` (the NPR actor
+under Parallel-R1's schema) trains on one rank straight through. ``sr_rl`` trains through verl with its rollouts from a stock
 vLLM server, beside ``papo_rl`` (test_verl_vllm_rollout.py, which uses this module's helpers).
 Jobs run two at a time, each with its own Ray head (a job leaves one of the two cores mostly idle while
 its workers start), which also shows that two stages' heads on one machine do not collide.
@@ -196,19 +197,26 @@ def _had_signal(records: list[dict]) -> bool:
 
 
 def _assert_trained_through_verl(
-    root: Path, stage: str, metrics: dict, before: set[int], rollout: str = "torch"
+    root: Path, stage: str, metrics: dict, before: set[int], rollout: str = "torch", attempts: int = 1
 ) -> bool:
-    """The stage ran verl's job to its end (rolling out through ``rollout``) and reported it; returns whether
-    its actor had a signal (then the merged model moved; without one it equals the starting model)."""
+    """The stage ran verl's job to its end (rolling out through ``rollout``, in ``attempts`` runs of verl's
+    driver) and reported it; returns whether its actor had a signal (then the merged model moved; without one
+    it equals the starting model)."""
     work = root / "artifacts" / stage / "work" / "verl"
     # Hydra's output folder is the run's, not outputs/ in the checkout
-    assert (work / "hydra" / "attempt-01" / ".hydra" / "overrides.yaml").exists()
+    for attempt in range(1, attempts + 1):
+        assert (work / "hydra" / f"attempt-{attempt:02d}" / ".hydra" / "overrides.yaml").exists()
     assert not (root / "outputs").exists()
     overrides = (work / "verl_overrides.yaml").read_text()
     assert "python -m verl.trainer.main_ppo" in overrides and f"actor_rollout_ref.rollout.name={rollout}" in overrides
     assert metrics["backend"] == "verl" and metrics["checkpoint_step"] == 2 and metrics["steps"] == 2
     # the metrics come from verl's own run: its per-step log, and the plugins' records of every rollout
-    verl_log = (work / "verl_logs" / "attempt-01.jsonl").read_text().splitlines()
+    # each step logged once over the attempts (a resumed driver starts after the checkpointed step)
+    verl_log = [
+        line
+        for attempt in range(1, attempts + 1)
+        for line in (work / "verl_logs" / f"attempt-{attempt:02d}.jsonl").read_text().splitlines()
+    ]
     assert [json.loads(line)["step"] for line in verl_log] == [1, 2]
     trained = [r for r in _records(root, stage) if "reward/mean" in r]
     assert [r["step"] for r in trained] == [1, 2]
@@ -318,13 +326,21 @@ def test_a_killed_two_rank_verl_stage_resumes_and_reports_the_one_rank_run(repo:
     rerun = _npr_stage(other, stage)
     uninterrupted = _finish(repo, stage, reference)
     # npr_zero (DAPO, verl's stock actor and single-turn loop, 2 ranks) takes the lane the reference leaves,
-    # Parallel-R1's RL the one the rerun leaves
+    # killed after its step-1 checkpoint too (while papo_rl's rerun goes on) and rerun; Parallel-R1's RL takes
+    # the lane papo_rl's rerun leaves
+    zero = _npr_stage(repo, "npr_zero", start_new_session=True)
+    _wait_for_reported_checkpoint(repo, "npr_zero", zero, 1)
+    os.killpg(zero.pid, signal.SIGKILL)
+    zero.wait(timeout=60)
+    assert not _left_behind(before, root=repo), "a killed npr_zero left Ray or verl's driver running"
     zero = _npr_stage(repo, "npr_zero")
     resumed = _finish(other, stage, rerun)
     pr1 = _npr_stage(other, "pr1_rl")
     zero_metrics = _finish(repo, "npr_zero", zero)
     pr1_metrics = _finish(other, "pr1_rl", pr1)
-    assert _assert_trained_through_verl(repo, "npr_zero", zero_metrics, before)
+    # resumed from its 2-shard step-1 checkpoint: each step trained and reported once, over two drivers
+    assert zero_metrics["attempts"] == 2 and zero_metrics["resumed_from_step"] == 1
+    assert _assert_trained_through_verl(repo, "npr_zero", zero_metrics, before, attempts=2)
     assert _assert_trained_through_verl(repo, stage, uninterrupted, before)
     # pr1_rl starts here from tiny-instruct with Parallel-R1's tags added and no cold start: trained under the
     # NPR instruction only, it next to never answers right under Parallel-R1's (0 of 32 rollouts on
