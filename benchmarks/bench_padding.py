@@ -45,6 +45,7 @@ from components.prompts import render_prompt  # noqa: E402
 from components.training.job import rl_job  # noqa: E402
 from components.training.rl import RLTrainer  # noqa: E402
 from components.training.rl_batch import Rollout  # noqa: E402
+from components.training.seed_job import seed_job  # noqa: E402
 from components.training.sft import SFTSettings, _train_step, build_optimizer, build_scheduler  # noqa: E402
 from components.training.tiny_seed import SeedSource  # noqa: E402
 
@@ -59,7 +60,7 @@ def sft_steps(cfg, tok, repeats: int, examples: int | None = None) -> None:
         cfg.models.tiny, tok, 0, pad_vocab_to_multiple_of=cfg.models.pad_embeddings_to_multiple_of
     )
     model.train()
-    source = SeedSource(cfg, tok)
+    source = SeedSource(seed_job(None, cfg), tok)
     steps = [source(k)[:examples] for k in range(repeats + 1)]
     times: dict[int, list[float]] = {1: [], 2: [], 4: []}
     optimizers = {}

@@ -189,11 +189,12 @@ def seed_build(
     """Build the tiny instruct checkpoint from scratch with the tiny profile's `seed` recipe (hours on 2
     cores); writes the model, its card and checksums. Resumes from --work."""
     from components.training import tiny_seed  # lazy: torch
+    from components.training.seed_job import seed_job  # lazy: startup
 
     configure_logging()
     cfg = _load("tiny", set_)
     card = tiny_seed.build(
-        cfg,
+        seed_job(None, cfg),  # a build outside the pipeline: no stage, no stage W&B run
         out or tiny_seed.DEFAULT_OUT,
         work or tiny_seed.DEFAULT_WORK,
         steps,

@@ -14,9 +14,13 @@ from typing import Any
 from components.artifacts import read_shards
 from components.config import PipelineConfig
 from components.dag import StageIO
-from components.training.warmup import train_warmup
+from components.training.warmup import WarmupPaths, train_warmup, warmup_job
 
 
 def run(cfg: PipelineConfig, io: StageIO) -> dict[str, Any]:
+    # NPR-Beta: starts from init_from's model (the seed), writes parallel_warmup/model (checkpoints, the step
+    # log and the rejections in parallel_warmup/work)
+    job = warmup_job("parallel_warmup", cfg, WarmupPaths.of(io, cfg.parallel_warmup.init_from))
+    # the trajectories reject_filter accepted, trained with the parallel mask and positions (mode: parallel)
     records = read_shards(io.input("reject_filter/accepted"))
-    return train_warmup(cfg, io, cfg.parallel_warmup, records, cfg.schema_name)
+    return train_warmup(job, records)

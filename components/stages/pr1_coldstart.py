@@ -24,7 +24,7 @@ from components.data.pr1_coldstart import check_coldstart, load_rows, synthetic_
 from components.data.pr1_problems import rules_of, seeded_subset
 from components.data.problems import load_problems
 from components.training.distributed import is_main_process
-from components.training.warmup import train_warmup
+from components.training.warmup import WarmupPaths, train_warmup, warmup_job
 
 
 def coldstart_rows(cfg: PipelineConfig, io: StageIO) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -46,9 +46,10 @@ def coldstart_rows(cfg: PipelineConfig, io: StageIO) -> tuple[list[dict[str, Any
 
 
 def run(cfg: PipelineConfig, io: StageIO) -> dict[str, Any]:
-    section = cfg.pr1_coldstart  # its mode follows parallel_r1.attention (components.config)
-    src = section.data
-    work = Path(io.output("model")).parent / "work"
+    # its mode follows parallel_r1.attention (components.config); its schema is parallel_r1's
+    job = warmup_job("pr1_coldstart", cfg, WarmupPaths.of(io, cfg.pr1_coldstart.init_from))
+    src = cfg.pr1_coldstart.data
+    work = job.paths.work_dir
     rows, provenance = coldstart_rows(cfg, io)
     # every rank of a torchrun job gates the same rows (deterministic); only rank 0 writes the audit
     report = check_coldstart(rows, rules_of(src), cfg.grading)
@@ -67,7 +68,7 @@ def run(cfg: PipelineConfig, io: StageIO) -> dict[str, Any]:
         with atomic_dir(io.output("audit")) as tmp:
             reconciliation = write_coldstart_audit(report, tmp)
     kept = report.kept if src.source == "sample_orz" else seeded_subset(report.kept, src.n, src.seed)
-    metrics = train_warmup(cfg, io, section, kept, cfg.schema_of("pr1_coldstart"))
+    metrics = train_warmup(job, kept)
     return {
         "attention": cfg.parallel_r1.attention,
         "data": {

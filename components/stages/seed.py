@@ -23,30 +23,33 @@ from components.artifacts import atomic_dir
 from components.config import PipelineConfig
 from components.dag import StageIO
 from components.data.problems import load_tuning_split
+from components.training.seed_job import SeedJob, SeedPaths, seed_job
 from components.training.tiny_seed import CARD_JSON, measure, read_card, train_seed, verify_checksums
 
 TINY = "tiny"
 
 
 def run(cfg: PipelineConfig, io: StageIO) -> dict[str, Any]:
-    if cfg.models.base_model == TINY:
-        model, tokenizer, metrics = build_tiny_seed(cfg, io)
+    job = seed_job("seed", cfg, SeedPaths.of(io))
+    # the tiny profile's committed checkpoint (or a hub model) is copied; models.base_model: tiny builds it
+    if job.models.base_model == TINY:
+        model, tokenizer, metrics = build_tiny_seed(job)
     else:
-        model, tokenizer, metrics = materialise_base_model(cfg)
-    with atomic_dir(io.output("model")) as tmp:
+        model, tokenizer, metrics = materialise_base_model(job)
+    with atomic_dir(job.stage_paths().writes) as tmp:
         from components.models.loading import save_model  # lazy: transformers
 
         save_model(model, tokenizer, tmp)
-    if cfg.seed.eval_n > 0:
-        metrics.update(evaluate_seed(model, tokenizer, io.input("sample_orz/problems"), cfg))
+    if job.section.eval_n > 0:
+        metrics.update(evaluate_seed(model, tokenizer, job))
     return metrics
 
 
-def materialise_base_model(cfg: PipelineConfig) -> tuple[Any, Any, dict[str, Any]]:
+def materialise_base_model(job: SeedJob) -> tuple[Any, Any, dict[str, Any]]:
     """Load ``models.base_model`` (hub id or local dir; local dirs with ``SHA256SUMS`` are verified)."""
     from components.models.loading import is_local_model_dir, load_model  # lazy: transformers
 
-    source = cfg.models.base_model
+    source = job.models.base_model
     metrics: dict[str, Any] = {"base_model": source}
     parent = Path(source).parent
     if parent != Path(".") and parent.is_dir() and not is_local_model_dir(source):
@@ -62,17 +65,16 @@ def materialise_base_model(cfg: PipelineConfig) -> tuple[Any, Any, dict[str, Any
             metrics["card_weights_sha256"] = read_card(Path(source))["weights_sha256"]
     # A copy computes nothing: it loads on the CPU wherever it runs (qwen3-4b places seed on the cpu pool,
     # whose workers have no CUDA); only a measurement (seed.eval_n > 0) needs run.device.
-    run_cfg = cfg.run if cfg.seed.eval_n > 0 else cfg.run.model_copy(update={"device": "cpu"})
-    model, tokenizer = load_model(source, cfg.models, run_cfg)
+    run_cfg = job.run if job.section.eval_n > 0 else job.run.model_copy(update={"device": "cpu"})
+    model, tokenizer = load_model(source, job.models, run_cfg)
     metrics.update(parameters=sum(p.numel() for p in model.parameters()), vocab_size=len(tokenizer))
     return model, tokenizer, metrics
 
 
-def build_tiny_seed(cfg: PipelineConfig, io: StageIO) -> tuple[Any, Any, dict[str, Any]]:
+def build_tiny_seed(job: SeedJob) -> tuple[Any, Any, dict[str, Any]]:
     """The committed checkpoint's build (``tiny_seed.train_seed``), resumable in the stage's work dir."""
-    work = Path(io.output("model")).parent / "work"
-    steps = cfg.seed.steps if cfg.seed.enabled else 0
-    model, tokenizer, result = train_seed(cfg, work, total_steps=steps, stage=io.stage)
+    steps = job.section.steps if job.section.enabled else 0
+    model, tokenizer, result = train_seed(job, job.stage_paths().work_dir, total_steps=steps)
     metrics: dict[str, Any] = {
         "base_model": TINY,
         "parameters": sum(p.numel() for p in model.parameters()),
@@ -84,20 +86,20 @@ def build_tiny_seed(cfg: PipelineConfig, io: StageIO) -> tuple[Any, Any, dict[st
     return model, tokenizer, metrics
 
 
-def evaluate_seed(model: Any, tokenizer: Any, problems_dir: Path, cfg: PipelineConfig) -> dict[str, Any]:
+def evaluate_seed(model: Any, tokenizer: Any, job: SeedJob) -> dict[str, Any]:
     """Sample one response per held-out problem (sequential engine) and grade it."""
-    split, problems = load_tuning_split(problems_dir)
-    chosen = problems[: cfg.seed.eval_n]
+    split, problems = load_tuning_split(job.stage_paths().problems)
+    chosen = problems[: job.section.eval_n]
     if not chosen:
         raise ValueError(f"the sample_orz {split} split is empty: the seed model cannot be measured")
     m = measure(
         model,
         tokenizer,
         chosen,
-        cfg,
-        temperature=cfg.seed.eval_temperature,
-        max_new_tokens=cfg.seed.max_new_tokens,
-        seed=cfg.run.seed,
+        job,
+        temperature=job.section.eval_temperature,
+        max_new_tokens=job.section.max_new_tokens,
+        seed=job.run.seed,
     )
     out = {k: v for k, v in m.items() if k not in ("correct", "n")}
     return {"eval_split": split, "eval_n": m["n"], **out}

@@ -12,14 +12,15 @@ from typing import Any
 
 import torch
 
-from components.tracking import TrackedConfig, stage_run, step_logger
+from components.ops.config import TrackingConfig
+from components.tracking import stage_run, step_logger
 from components.training.checkpoint import checkpoint_step, latest_checkpoint
 from components.training.distributed import DistContext
 from components.training.sft import SFTResult, SFTSettings, StepSource, train_sft
 
 
 def train_sft_in_stage_run(
-    cfg: TrackedConfig,
+    tracking: TrackingConfig,
     stage: str,
     work: Path,
     model: torch.nn.Module,
@@ -31,9 +32,12 @@ def train_sft_in_stage_run(
     ctx: DistContext | None = None,
 ) -> SFTResult:
     """Run (or resume) ``train_sft`` in ``work`` (metrics to ``work/train_metrics.json``) inside one W&B run
-    per stage, resumed with the stage; the run's summary gets the numeric fields of ``SFTResult.summary``."""
+    per stage, resumed with the stage; the run's summary gets the numeric fields of ``SFTResult.summary``.
+
+    ``tracking`` is the W&B section only, as the RL trainer's: inside ``run_stage`` the stage's run is already
+    open (recording the whole config) and this logs into it; a run opened here records no config."""
     ctx = ctx or DistContext()
-    with stage_run(cfg, stage, work) if ctx.is_main else nullcontext() as tracker:
+    with stage_run(tracking, stage, work) if ctx.is_main else nullcontext() as tracker:
         if tracker is not None:  # W&B continues after the checkpoint train_sft resumes from
             newest = latest_checkpoint(work)
             tracker.resume_from(checkpoint_step(newest) if newest is not None else -1)

@@ -36,7 +36,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
@@ -45,12 +45,9 @@ from components.data import synthetic
 from components.data.synthetic import DIFFICULTIES, PARTITION_MODULUS, PARTITION_OF_BUCKET, Expression
 from components.engine import generate
 from components.engine.config import GenerationConfig
-from components.grading.config import GradingConfig
 from components.grading.judge import judge_many
-from components.models.config import ModelsConfig, SeedConfig
-from components.prompts import PromptConfig, chat_messages, render_prompt
-from components.settings import RunConfig
-from components.tracking import TrackedConfig
+from components.prompts import chat_messages, render_prompt
+from components.training.seed_job import SeedJob
 from components.training.sft_data import encode_example
 
 log = logging.getLogger(__name__)
@@ -66,31 +63,6 @@ FINGERPRINT_STEPS = 3
 CARD_EVAL_N = 600
 CARD_GREEDY_N = 48
 LOG_EVERY = 10  # optimizer steps between loss-curve points
-
-
-class SeedJobConfig(TrackedConfig, Protocol):
-    """What the seed build reads of the pipeline's config. That is components.config.PipelineConfig, a floor
-    above this package (it assembles this package's sections), so it is named here by what the build uses: its
-    recipe (``seed``), the run's seed, the prompts, the tiny architecture and attention (``models``), the
-    schema its tokenizer and grading use, the grading settings its measurement reads, and, for a build inside
-    a stage (``TrackedConfig``), the W&B project and the whole config the stage's run records."""
-
-    schema_name: str
-
-    @property
-    def seed(self) -> SeedConfig: ...
-
-    @property
-    def run(self) -> RunConfig: ...
-
-    @property
-    def prompts(self) -> PromptConfig: ...
-
-    @property
-    def models(self) -> ModelsConfig: ...
-
-    @property
-    def grading(self) -> GradingConfig: ...
 
 
 # ----------------------------------------------------------------------------------------------- data
@@ -112,32 +84,32 @@ class SeedSource:
     with one format mistake), else a sequential one, always under the parallel instruction the engine uses.
     """
 
-    def __init__(self, cfg: SeedJobConfig, tokenizer: Any) -> None:
-        self.cfg, self.tokenizer = cfg, tokenizer
+    def __init__(self, job: SeedJob, tokenizer: Any) -> None:
+        self.job, self.tokenizer = job, tokenizer
 
     def __call__(self, step: int) -> list[Any]:
-        seed_cfg = self.cfg.seed
-        step_seed = self.cfg.run.seed * 1_000_003 + step
+        recipe = self.job.section
+        step_seed = self.job.run.seed * 1_000_003 + step
         rng = random.Random(step_seed)
         examples = []
-        for record in training_problems(seed_cfg.batch_size, step_seed, seed_cfg.difficulty_weights):
-            style = "parallel" if rng.random() < seed_cfg.parallel_fraction else "sequential"
+        for record in training_problems(recipe.batch_size, step_seed, recipe.difficulty_weights):
+            style = "parallel" if rng.random() < recipe.parallel_fraction else "sequential"
             mistake = None
-            if style == "parallel" and rng.random() < seed_cfg.mistake_fraction:
+            if style == "parallel" and rng.random() < recipe.mistake_fraction:
                 mistake = rng.choice(synthetic.MISTAKES)
             response = synthetic.render_solution(record, style, rng, mistake)
-            prompt = render_prompt(self.tokenizer, record["problem"], self.cfg.prompts, "parallel")
+            prompt = render_prompt(self.tokenizer, record["problem"], self.job.prompts, "parallel")
             example = encode_example(self.tokenizer, prompt, response)
-            if len(example.input_ids) > seed_cfg.max_length:
+            if len(example.input_ids) > recipe.max_length:
                 raise ValueError(
                     f"step {step}: a {len(example.input_ids)}-token seed example exceeds seed.max_length "
-                    f"{seed_cfg.max_length} (raise it: the task family's longest problems must fit)"
+                    f"{recipe.max_length} (raise it: the task family's longest problems must fit)"
                 )
             examples.append(example)
         return examples
 
 
-def tokenizer_corpus(cfg: SeedJobConfig) -> list[str]:
+def tokenizer_corpus(job: SeedJob) -> list[str]:
     """Chat-rendered conversations (prompt and a solution of either style) of generated training problems.
 
     Exactly the text the model will read (role headers and instruction included), so BPE merges the
@@ -145,39 +117,39 @@ def tokenizer_corpus(cfg: SeedJobConfig) -> list[str]:
     """
     from components.models.tiny import render_chat  # lazy: transformers
 
-    tiny = cfg.models.tiny
-    rng = random.Random(cfg.run.seed)
+    tiny = job.models.tiny
+    rng = random.Random(job.run.seed)
     texts = []
-    for record in training_problems(tiny.tokenizer_corpus_size, cfg.run.seed, cfg.seed.difficulty_weights):
+    for record in training_problems(tiny.tokenizer_corpus_size, job.run.seed, job.section.difficulty_weights):
         style = "parallel" if rng.random() < 0.5 else "sequential"
-        messages = chat_messages(record["problem"], cfg.prompts, "parallel")
+        messages = chat_messages(record["problem"], job.prompts, "parallel")
         messages.append({"role": "assistant", "content": synthetic.render_solution(record, style, rng)})
         texts.append(render_chat(messages))
     return texts
 
 
 # ----------------------------------------------------------------------------------------------- model
-def new_tokenizer_and_model(cfg: SeedJobConfig) -> tuple[Any, Any]:
+def new_tokenizer_and_model(job: SeedJob) -> tuple[Any, Any]:
     """The trained tokenizer and the randomly initialised tiny Qwen3 of the profile (deterministic)."""
     from components.models.tiny import build_tiny_model, train_tokenizer  # lazy: transformers
 
-    if cfg.models.tiny is None:
+    if job.models.tiny is None:
         raise ValueError("building the tiny seed needs models.tiny (the architecture)")
-    tokenizer = train_tokenizer(tokenizer_corpus(cfg), cfg.models.tiny.tokenizer_vocab_size, cfg.schema_name)
+    tokenizer = train_tokenizer(tokenizer_corpus(job), job.models.tiny.tokenizer_vocab_size, job.schema)
     model = build_tiny_model(
-        cfg.models.tiny,
+        job.models.tiny,
         tokenizer,
-        cfg.run.seed,
-        attn_implementation=cfg.models.attn_implementation,
-        pad_vocab_to_multiple_of=cfg.models.pad_embeddings_to_multiple_of,
+        job.run.seed,
+        attn_implementation=job.models.attn_implementation,
+        pad_vocab_to_multiple_of=job.models.pad_embeddings_to_multiple_of,
     )
     return tokenizer, model
 
 
-def sft_settings(cfg: SeedJobConfig, total_steps: int | None = None, log_every: int = LOG_EVERY) -> Any:
+def sft_settings(job: SeedJob, total_steps: int | None = None, log_every: int = LOG_EVERY) -> Any:
     from components.training.sft import SFTSettings  # lazy: transformers
 
-    s = cfg.seed
+    s = job.section
     return SFTSettings(
         mode="sequential",
         total_steps=s.steps if total_steps is None else total_steps,
@@ -190,7 +162,7 @@ def sft_settings(cfg: SeedJobConfig, total_steps: int | None = None, log_every: 
         adam_betas=s.adam_betas,
         grad_clip=s.grad_clip,
         save_every=s.save_every,
-        seed=cfg.run.seed,
+        seed=job.run.seed,
         length_splits=s.length_splits,
         log_every=log_every,
         autocast=s.autocast,
@@ -213,7 +185,7 @@ def tokenizer_sha256(tokenizer: Any) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
-def first_steps_fingerprint(cfg: SeedJobConfig, n_steps: int = FINGERPRINT_STEPS) -> dict[str, Any]:
+def first_steps_fingerprint(job: SeedJob, n_steps: int = FINGERPRINT_STEPS) -> dict[str, Any]:
     """Tokenizer hash, initial-weights hash and the losses of the first ``n_steps`` optimizer steps.
 
     What the reproduction test compares with the card: the data, tokenizer, initialisation and optimizer
@@ -221,14 +193,14 @@ def first_steps_fingerprint(cfg: SeedJobConfig, n_steps: int = FINGERPRINT_STEPS
     """
     from components.training.sft import train_sft  # lazy: transformers
 
-    tokenizer, model = new_tokenizer_and_model(cfg)
+    tokenizer, model = new_tokenizer_and_model(job)
     init_hash = weights_sha256(model)
     # A fresh work dir: train_sft resumes from any checkpoint it finds, which would skip the steps.
     with torch.random.fork_rng(devices=[]), tempfile.TemporaryDirectory() as work_dir:
         result = train_sft(
             model,
-            SeedSource(cfg, tokenizer),
-            sft_settings(cfg, n_steps, log_every=1),
+            SeedSource(job, tokenizer),
+            sft_settings(job, n_steps, log_every=1),
             Path(work_dir),
             pad_id=tokenizer.pad_token_id,
             show_progress=False,
@@ -246,7 +218,7 @@ def measure(
     model: Any,
     tokenizer: Any,
     problems: Sequence[dict[str, Any]],
-    cfg: SeedJobConfig,
+    job: SeedJob,
     temperature: float,
     max_new_tokens: int,
     seed: int = 0,
@@ -266,16 +238,16 @@ def measure(
         top_k=-1,
         max_new_tokens=max_new_tokens,
         step_repetition_penalty=1.0,
-        batch_size=cfg.seed.eval_batch_size,
+        batch_size=job.section.eval_batch_size,
         seed=seed,
     )
-    prompts = [render_prompt(tokenizer, p["problem"], cfg.prompts, "parallel") for p in problems]
+    prompts = [render_prompt(tokenizer, p["problem"], job.prompts, "parallel") for p in problems]
     generations = generate(model, tokenizer, prompts, gen_cfg)
     judgements = judge_many(
         [g.text for g in generations],
         [p["answer"] for p in problems],
-        cfg.schema_name,
-        cfg.grading,
+        job.schema,
+        job.grading,
         purpose="evaluation",
         finish_reasons=[g.finish_reason for g in generations],
     )
@@ -334,36 +306,27 @@ def disjoint_from_benchmarks(benchmark_problems: Sequence[str]) -> bool:
 
 
 # ----------------------------------------------------------------------------------------------- build
-def train_seed(
-    cfg: SeedJobConfig, work_dir: Path, total_steps: int | None = None, stage: str | None = None
-) -> Any:
+def train_seed(job: SeedJob, work_dir: Path, total_steps: int | None = None) -> Any:
     """Tokenizer + model + SFT (resumable in ``work_dir``); returns ``(model, tokenizer, SFTResult)``.
 
-    ``stage`` runs the SFT inside that stage's W&B run (``sft_run``), as the pipeline's `seed` stage does.
+    A job of a stage (``job.stage``) runs the SFT inside that stage's W&B run (``sft_run``), as the
+    pipeline's `seed` stage does; ``npr seed build``'s (no stage) trains without one.
     """
-    tokenizer, model = new_tokenizer_and_model(cfg)
-    settings = sft_settings(cfg, total_steps)
-    source = SeedSource(cfg, tokenizer)
-    result = _train(cfg, model, tokenizer, source, settings, Path(work_dir), stage)
+    tokenizer, model = new_tokenizer_and_model(job)
+    settings = sft_settings(job, total_steps)
+    source = SeedSource(job, tokenizer)
+    result = _train(job, model, tokenizer, source, settings, Path(work_dir))
     model.eval()
     return model, tokenizer, result
 
 
-def _train(
-    cfg: SeedJobConfig,
-    model: Any,
-    tokenizer: Any,
-    source: Any,
-    settings: Any,
-    work_dir: Path,
-    stage: str | None,
-) -> Any:
+def _train(job: SeedJob, model: Any, tokenizer: Any, source: Any, settings: Any, work_dir: Path) -> Any:
     from components.training.sft import train_sft  # lazy: transformers
     from components.training.sft_run import train_sft_in_stage_run  # lazy: transformers
 
-    if stage is not None:
+    if job.stage is not None:
         result = train_sft_in_stage_run(
-            cfg, stage, work_dir, model, source, settings, pad_id=tokenizer.pad_token_id
+            job.tracking, job.stage, work_dir, model, source, settings, pad_id=tokenizer.pad_token_id
         )
     else:
         result = train_sft(
@@ -431,7 +394,7 @@ def read_card(model_dir: Path) -> dict[str, Any]:
 
 
 def build_card(
-    cfg: SeedJobConfig,
+    job: SeedJob,
     model: Any,
     tokenizer: Any,
     result: Any,
@@ -440,12 +403,12 @@ def build_card(
     eval_n: int = CARD_EVAL_N,
 ) -> dict[str, Any]:
     """Recipe, data, seeds, environment, training summary and validation metrics of a built model."""
-    weights = dict(cfg.seed.difficulty_weights)
+    weights = dict(job.section.difficulty_weights)
     val = validation_problems(eval_n, weights)
-    sampled = measure(model, tokenizer, val, cfg, temperature=1.0, max_new_tokens=cfg.seed.max_new_tokens)
+    sampled = measure(model, tokenizer, val, job, temperature=1.0, max_new_tokens=job.section.max_new_tokens)
     greedy_n = min(CARD_GREEDY_N, eval_n)
     greedy = measure(
-        model, tokenizer, val[:greedy_n], cfg, temperature=0.0, max_new_tokens=cfg.seed.max_new_tokens
+        model, tokenizer, val[:greedy_n], job, temperature=0.0, max_new_tokens=job.section.max_new_tokens
     )
     return {
         "name": "tiny-instruct",
@@ -453,11 +416,11 @@ def build_card(
         "parameters": sum(p.numel() for p in model.parameters()),
         "vocab_size": len(tokenizer),
         "config": {
-            "models.tiny": cfg.models.tiny.model_dump(mode="json"),
-            "seed": cfg.seed.model_dump(mode="json"),
-            "run.seed": cfg.run.seed,
-            "prompts": cfg.prompts.model_dump(mode="json"),
-            "schema_name": cfg.schema_name,
+            "models.tiny": job.models.tiny.model_dump(mode="json"),
+            "seed": job.section.model_dump(mode="json"),
+            "run.seed": job.run.seed,
+            "prompts": job.prompts.model_dump(mode="json"),
+            "schema_name": job.schema,
         },
         "data": {
             "generator": "components.data.synthetic (train partition only)",
@@ -466,7 +429,7 @@ def build_card(
                 "reserved": {str(k): v for k, v in PARTITION_OF_BUCKET.items()},
             },
             "difficulties": list(DIFFICULTIES),
-            "training_samples": result.final_step * cfg.seed.batch_size,
+            "training_samples": result.final_step * job.section.batch_size,
         },
         "environment": {
             "torch": torch.__version__,
@@ -602,7 +565,7 @@ def write_checkpoint(model: Any, tokenizer: Any, out_dir: Path, card: dict[str, 
 
 
 def build(
-    cfg: SeedJobConfig,
+    job: SeedJob,
     out_dir: Path,
     work_dir: Path,
     total_steps: int | None = None,
@@ -611,11 +574,11 @@ def build(
 ) -> dict[str, Any]:
     """The whole build: fingerprint, SFT (resumable), validation metrics, checkpoint with card. Returns the card."""
     torch.set_num_threads(1)
-    fingerprint = first_steps_fingerprint(cfg)
+    fingerprint = first_steps_fingerprint(job)
     torch.set_num_threads(threads)
     start = time.perf_counter()
-    model, tokenizer, result = train_seed(cfg, Path(work_dir) / "sft", total_steps)
+    model, tokenizer, result = train_seed(job, Path(work_dir) / "sft", total_steps)
     log.info("trained %d steps in %.0f s", result.final_step, time.perf_counter() - start)
-    card = build_card(cfg, model, tokenizer, result, fingerprint, threads, eval_n)
+    card = build_card(job, model, tokenizer, result, fingerprint, threads, eval_n)
     write_checkpoint(model, tokenizer, out_dir, card)
     return card

@@ -32,7 +32,7 @@ from components.tracking import TrackedConfig
 from components.training.config import StageSections
 from components.training.job import RLJobConfig
 from components.training.memory import PlanConfig
-from components.training.tiny_seed import SeedJobConfig
+from components.training.seed_job import SeedJobConfig
 from components.training.warmup import WarmupJobConfig
 from tests.support.code_deps import stage_code_files
 

@@ -15,6 +15,7 @@ from components.data import synthetic
 from components.data.benchmarks import BENCHMARKS, load_benchmark
 from components.models.loading import load_model
 from components.training import tiny_seed
+from components.training.seed_job import seed_job
 
 pytestmark = pytest.mark.slow
 
@@ -46,7 +47,7 @@ def test_committed_files_match_checksums_and_card(repo_root, cfg, card):
 
 
 def test_build_replays_the_cards_first_steps(cfg, card, in_repo):
-    replay = tiny_seed.first_steps_fingerprint(cfg, card["fingerprint"]["steps"])
+    replay = tiny_seed.first_steps_fingerprint(seed_job(None, cfg), card["fingerprint"]["steps"])
     assert replay["tokenizer_sha256"] == card["fingerprint"]["tokenizer_sha256"]
     assert replay["initial_weights_sha256"] == card["fingerprint"]["initial_weights_sha256"]
     # Same data, tokenizer and initial weights (exact hashes above), the same bf16 autocast: the replay
@@ -67,7 +68,7 @@ def test_committed_weights_reproduce_the_cards_greedy_numbers(repo_root, cfg, ca
     problems = tiny_seed.validation_problems(tiny_seed.CARD_EVAL_N, weights)[: greedy["n"]]
     model, tokenizer = load_model(repo_root / COMMITTED, cfg.models, cfg.run)
     again = tiny_seed.measure(
-        model, tokenizer, problems, cfg, temperature=0.0, max_new_tokens=cfg.seed.max_new_tokens
+        model, tokenizer, problems, seed_job(None, cfg), temperature=0.0, max_new_tokens=cfg.seed.max_new_tokens
     )
     agree = sum(a == b for a, b in zip(again["correct"], greedy["correct"], strict=True))
     # greedy decoding is deterministic up to float ties between threads: allow two problems

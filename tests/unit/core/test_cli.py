@@ -195,8 +195,10 @@ def test_seed_build_is_an_npr_command_with_the_tiny_recipe(monkeypatch, tmp_path
 
     seen = {}
 
-    def fake_build(cfg, out, work, steps, threads, eval_n):
-        seen.update(profile=cfg.profile, lr=cfg.seed.lr, out=out, work=work, steps=steps, threads=threads, n=eval_n)
+    def fake_build(job, out, work, steps, threads, eval_n):
+        # the tiny profile's job (its architecture), built outside any stage
+        tiny = job.models.tiny is not None
+        seen.update(tiny=tiny, stage=job.stage, lr=job.section.lr, out=out, work=work, steps=steps, threads=threads, n=eval_n)
         return {"validation": {"sampled_t1": {"accuracy": 0.5}}}
 
     monkeypatch.setattr(tiny_seed, "build", fake_build)
@@ -204,6 +206,6 @@ def test_seed_build_is_an_npr_command_with_the_tiny_recipe(monkeypatch, tmp_path
     assert result.exit_code == 0, result.output
     assert '"accuracy": 0.5' in result.output
     assert seen == {
-        "profile": "tiny", "lr": 0.001, "out": tmp_path / "m", "work": tiny_seed.DEFAULT_WORK, "steps": 7,
+        "tiny": True, "stage": None, "lr": 0.001, "out": tmp_path / "m", "work": tiny_seed.DEFAULT_WORK, "steps": 7,
         "threads": 1, "n": tiny_seed.CARD_EVAL_N,
     }  # fmt: skip

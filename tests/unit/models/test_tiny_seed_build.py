@@ -10,6 +10,7 @@ from components.config import load_config
 from components.data import synthetic
 from components.models.tiny import tiny_test_world
 from components.training import tiny_seed
+from components.training.seed_job import seed_job
 
 
 @pytest.fixture(scope="module")
@@ -19,7 +20,7 @@ def cfg():
 
 def test_seed_examples_are_train_partition_both_styles_and_fit(cfg):
     _, tokenizer = tiny_test_world(seed=0)
-    source = tiny_seed.SeedSource(cfg, tokenizer)
+    source = tiny_seed.SeedSource(seed_job(None, cfg), tokenizer)
     examples = source(0)
     assert len(examples) == 48 and examples == source(0)  # a pure function of the step
     assert all(len(e.input_ids) <= cfg.seed.max_length for e in examples)
@@ -49,7 +50,7 @@ def test_checksums_catch_a_changed_or_missing_file(tmp_path):
 def test_measure_reports_styles_and_levels_and_the_card_renders(cfg):
     model, tokenizer = tiny_test_world(seed=0)
     problems = tiny_seed.validation_problems(6, {"easy": 1, "hard": 1})
-    m = tiny_seed.measure(model, tokenizer, problems, cfg, temperature=1.0, max_new_tokens=8)
+    m = tiny_seed.measure(model, tokenizer, problems, seed_job(None, cfg), temperature=1.0, max_new_tokens=8)
     assert m["n"] == 6 and set(m["per_difficulty"]) == {"easy", "hard"}
     assert len(m["correct"]) == 6 and m["truncated"] == 1.0  # 8 tokens never finish an answer
     card = {
