@@ -43,6 +43,7 @@ def main() -> int:
 
     from components.config import load_config
     from components.data.benchmarks import TINY_TEST, load_benchmark
+    from components.evaluation.job import eval_job  # lazy: as measure_speedup
     from components.evaluation.runner import measure_speedup
     from components.models.loading import load_model
     from components.structure import TagIds
@@ -64,7 +65,7 @@ def main() -> int:
             run_cfg.evaluate.speedup.repeats = args.repeats
         if args.max_new_tokens is not None:
             run_cfg.evaluate.generation.max_new_tokens = args.max_new_tokens
-        s, _, _ = measure_speedup(model, tokenizer, tags, problems, run_cfg, "parallel")
+        s, _, _ = measure_speedup(model, tokenizer, tags, problems, eval_job(run_cfg), "parallel")
         print(
             f"| {batch} | {s['parallel_tokens_per_s']:.0f} | {s['sequential_tokens_per_s']:.0f} | "
             f"{s['achieved_speedup']:.2f} | {s['ideal_speedup']:.2f} | {s['efficiency']:.2f} | "

@@ -75,6 +75,7 @@ def main() -> int:
 
     from components.config import load_config
     from components.data.benchmarks import load_benchmark
+    from components.evaluation.job import eval_job  # lazy: as measure_speedup
     from components.evaluation.runner import measure_speedup
     from components.models.loading import load_model
     from components.structure import TagIds
@@ -113,7 +114,7 @@ def main() -> int:
                     run_cfg = cfg.model_copy(deep=True)
                     run_cfg.evaluate.speedup.repeats = repeats
                     start = time.perf_counter()
-                    s, _, _ = measure_speedup(model, tokenizer, tags, problems, run_cfg, "parallel")
+                    s, _, _ = measure_speedup(model, tokenizer, tags, problems, eval_job(run_cfg), "parallel")
                     row[repeats] = (s["ideal_speedup"], s["efficiency"], time.perf_counter() - start)
                     results[repeats].append(s["efficiency"])
                 print(

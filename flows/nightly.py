@@ -49,6 +49,7 @@ from components.evaluation.gate import (
     save_last_green,
     write_baseline,
 )
+from components.evaluation.job import eval_job
 from components.evaluation.report import flat_metrics, in_prefect_run, publish_prefect
 from components.evaluation.runner import (
     CheckpointSpec,
@@ -82,7 +83,8 @@ def resolve_checkpoint(cfg: PipelineConfig, checkpoint: str | None) -> Checkpoin
             raise FileNotFoundError(
                 f"promoted checkpoint {path} is not in the workspace; pull it first (dvc pull {path})"
             )
-    return checkpoint_spec(cfg, name, path)
+    # the nightly's one checkpoint, decoded as the evaluate stage would decode it
+    return checkpoint_spec(eval_job(cfg, [name]), name, path)
 
 
 def resolve_baseline(cfg: PipelineConfig, checkpoint: str, baseline: str | None) -> Path:
@@ -126,7 +128,8 @@ def planned_evaluation(cfg: PipelineConfig, ckpt: CheckpointSpec, digest: str) -
 def evaluate_promoted(cfg: PipelineConfig, checkpoint: CheckpointSpec, out_dir: Path) -> EvalResult:
     """Evaluate the checkpoint (same runner as the stage) and write records, report and plot data."""
     title = f"Nightly evaluation of `{checkpoint.name}` ({cfg.profile})"
-    result, _ = evaluate_into_folder(cfg, [checkpoint], nightly_benchmarks(cfg), out_dir, title, n_shards=1)
+    job = eval_job(cfg, [checkpoint.name])  # the config read once, for the checkpoint it evaluates
+    result, _ = evaluate_into_folder(job, [checkpoint], nightly_benchmarks(cfg), out_dir, title, n_shards=1)
     return result
 
 

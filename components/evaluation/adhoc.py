@@ -9,9 +9,9 @@ from components.artifacts import write_json
 from components.dag import stage_io
 from components.data.benchmarks import BENCHMARK_NAMES, FieldMap, is_benchmark_file, load_benchmark_file
 from components.errors import UserError
-from components.evaluation.config import BenchmarkSpec
-from components.evaluation.job import EvalJobConfig
-from components.evaluation.outputs import EvalOutputs, evaluate_into
+from components.evaluation.config import BenchmarkSpec, EvaluateConfig
+from components.evaluation.job import EvalJob, EvalJobConfig, EvalOutputs, eval_job
+from components.evaluation.outputs import evaluate_into
 from components.evaluation.runner import (
     CheckpointSpec,
     EvalResult,
@@ -35,13 +35,13 @@ def checkpoint_name(checkpoint: Path) -> str:
 
 
 def benchmark_specs(
-    cfg: EvalJobConfig, names: list[str], k: int | None, files: frozenset[str] = frozenset()
+    section: EvaluateConfig, names: list[str], k: int | None, files: frozenset[str] = frozenset()
 ) -> list[BenchmarkSpec]:
     """Specs of the named benchmarks: the profile's settings where it has them (never for a user's file,
     named in ``files``: one sample per problem unless ``k``); ``k`` overrides n and k."""
     if not names:
         raise EvalInputError("--benchmarks: name at least one benchmark or benchmark file")
-    configured = {b.name: b for b in cfg.evaluate.benchmarks}
+    configured = {b.name: b for b in section.benchmarks}
     specs = []
     for name in names:
         if name not in files and name not in configured and name not in BENCHMARK_NAMES:
@@ -69,7 +69,8 @@ def evaluate_checkpoint(
 
     A ``benchmarks`` entry that is a file (``is_benchmark_file``) is a user's benchmark, read with
     ``fields`` (``components.data.benchmarks.load_benchmark_file``) and named by its stem. Returns the
-    metrics dict (the same shape the stage returns, with one checkpoint).
+    metrics dict (the same shape the stage returns, with one checkpoint). ``cfg`` is read once, into the
+    evaluation's job (``eval_job``) for this one checkpoint.
     """
     if mode not in MODES:
         raise EvalInputError(f"--mode must be one of {MODES}, got {mode!r}")
@@ -89,16 +90,18 @@ def evaluate_checkpoint(
             raise EvalInputError(f"--benchmarks: two benchmarks named {name!r} ({entry})")
         preloaded[name] = records
         names.append(name)
-    specs = benchmark_specs(cfg, names, k, frozenset(preloaded))
-    spec = checkpoint_spec(cfg, checkpoint_name(checkpoint), checkpoint, mode)  # type: ignore[arg-type]
+    ckpt_name = checkpoint_name(checkpoint)
+    job = eval_job(cfg, [ckpt_name])
+    specs = benchmark_specs(job.section, names, k, frozenset(preloaded))
+    spec = checkpoint_spec(job, ckpt_name, checkpoint, mode)  # type: ignore[arg-type]
     result, out = evaluate_into_folder(
-        cfg, [spec], specs, Path(out_dir), f"Ad-hoc evaluation of `{checkpoint}`", preloaded=preloaded
+        job, [spec], specs, Path(out_dir), f"Ad-hoc evaluation of `{checkpoint}`", preloaded=preloaded
     )
     return {**result.metrics, "report": str(out.report)}
 
 
 def evaluate_into_folder(
-    cfg: EvalJobConfig,
+    job: EvalJob,
     checkpoints: list[CheckpointSpec],
     benchmarks: list[BenchmarkSpec],
     out_dir: Path,
@@ -116,7 +119,8 @@ def evaluate_into_folder(
         problems_dir = stage_io("evaluate").input("sample_orz/problems")
     out = EvalOutputs(out_dir / "records", out_dir / "report", out_dir / "plots")
     result = evaluate_into(
-        cfg, checkpoints, benchmarks, out, title, problems_dir=problems_dir, preloaded=preloaded, n_shards=n_shards
-    )
+        job, checkpoints, benchmarks, out, title,
+        problems_dir=problems_dir, preloaded=preloaded, n_shards=n_shards,
+    )  # fmt: skip
     write_json(out_dir / "metrics.json", result.metrics)
     return result, out

@@ -8,29 +8,17 @@ Each output directory is replaced atomically, so a crash never leaves a half-wri
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from components.artifacts import atomic_dir
 from components.evaluation.config import BenchmarkSpec
-from components.evaluation.job import EvalJobConfig
+from components.evaluation.job import REPORT_FILE, EvalJob, EvalOutputs
 from components.evaluation.plots import render_pngs, write_plot_data
 from components.evaluation.report import render_report
 from components.evaluation.runner import CheckpointSpec, EvalResult, evaluate_checkpoints, write_records
 
-REPORT_FILE = "report.md"
-
-
-@dataclass(frozen=True)
-class EvalOutputs:
-    records_dir: Path
-    report_dir: Path
-    plots_dir: Path
-
-    @property
-    def report(self) -> Path:
-        return self.report_dir / REPORT_FILE
+__all__ = ["REPORT_FILE", "EvalOutputs", "evaluate_into", "write_evaluation"]
 
 
 def write_evaluation(result: EvalResult, out: EvalOutputs, title: str, n_shards: int) -> str:
@@ -49,7 +37,7 @@ def write_evaluation(result: EvalResult, out: EvalOutputs, title: str, n_shards:
 
 
 def evaluate_into(
-    cfg: EvalJobConfig,
+    job: EvalJob,
     checkpoints: Sequence[CheckpointSpec],
     benchmarks: Sequence[BenchmarkSpec],
     out: EvalOutputs,
@@ -65,8 +53,8 @@ def evaluate_into(
     and plot data into ``out``. ``annotate`` adds to the result's metrics before the report is written (the
     stage's recipe table and scale note); ``n_shards``: record shards per checkpoint and benchmark (default
     ``evaluate.records_shards``); the other arguments are ``evaluate_checkpoints``'."""
-    result = evaluate_checkpoints(cfg, checkpoints, benchmarks, problems_dir, work_dir, preloaded=preloaded)
+    result = evaluate_checkpoints(job, checkpoints, benchmarks, problems_dir, work_dir, preloaded=preloaded)
     if annotate is not None:
         annotate(result)
-    write_evaluation(result, out, title, n_shards or cfg.evaluate.records_shards)
+    write_evaluation(result, out, title, n_shards or job.section.records_shards)
     return result

@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from components.artifacts import read_jsonl, write_jsonl, write_shards
 from components.data.benchmarks import SPLIT_BENCHMARKS, load_benchmark
@@ -36,7 +36,7 @@ from components.engine import Generation, GenerationConfig, generate
 from components.engine.generation import exact_semantics
 from components.engine.serving import check_context_length, context_length_for, server_label, serving
 from components.evaluation.config import BenchmarkSpec, EvaluateConfig
-from components.evaluation.job import EvalJobConfig
+from components.evaluation.job import EvalJob, Mode
 from components.evaluation.metrics import (
     achieved_speedup,
     ideal_speedup,
@@ -51,7 +51,6 @@ from components.structure import TagIds, TagTokenError, parse_ids, parse_text, t
 
 log = logging.getLogger(__name__)
 
-Mode = Literal["parallel", "sequential"]
 # GenerationConfig fields that do not change what is sampled (or, for the backend, are recorded as engine
 # version instead), so they are left out of the settings a baseline pins. merge_mode is pinned: a
 # re-prefilled merge samples from another context than the exact one.
@@ -86,17 +85,18 @@ class CheckpointSpec:
     engine_settings: Mapping[str, Any] = field(default_factory=dict)
 
 
-def checkpoint_spec(cfg: EvalJobConfig, name: str, path: Path, mode: Mode | None = None) -> CheckpointSpec:
+def checkpoint_spec(job: EvalJob, name: str, path: Path, mode: Mode | None = None) -> CheckpointSpec:
     """How the evaluation decodes checkpoint ``name`` from ``path``: its mode (``mode`` overrides it, as
-    ``npr eval --mode`` does), instruction, schema and engine settings, all from the config (a
-    ``PipelineConfig``). The one builder the evaluate stage, ``npr eval`` and the nightly share."""
+    ``npr eval --mode`` does), instruction, schema and engine settings, as the job resolved them from the
+    config. The one builder the evaluate stage, ``npr eval`` and the nightly share."""
+    how = job.decode_of(name)
     return CheckpointSpec(
         name,
         Path(path),
-        mode or cfg.decode_mode_of(name),
-        cfg.prompt_style_of(name),
-        schema=cfg.schema_of(name),
-        engine_settings=cfg.engine_settings_of(name, evaluation=True),
+        mode or how.mode,
+        how.prompt_style,
+        schema=how.schema,
+        engine_settings=how.engine_settings,
     )
 
 
@@ -254,7 +254,7 @@ def evaluate_benchmarks(
     tags: TagIds | None,
     problems: Mapping[str, Sequence[Mapping[str, Any]]],
     specs: Sequence[BenchmarkSpec],
-    cfg: EvalJobConfig,
+    job: EvalJob,
     checkpoint: str,
     mode: Mode,
     prompt_style: str,
@@ -270,14 +270,14 @@ def evaluate_benchmarks(
     (``decode_groups``) share its wall time in proportion to the tokens each generated, so each reports the
     call's throughput and the seconds add up to the call's.
     """
-    ecfg: EvaluateConfig = cfg.evaluate
+    ecfg: EvaluateConfig = job.section
     out: dict[str, tuple[list[dict[str, Any]], float]] = {}
     sizes = {spec.name: len(problems[spec.name]) for spec in specs}
     for group in decode_groups(specs, sizes, ecfg.generation.batch_size):
         prompts: dict[str, list[str]] = {}
         for spec in group:
             rendered = [
-                render_prompt(tokenizer, p["problem"], cfg.prompts, prompt_style) for p in problems[spec.name]
+                render_prompt(tokenizer, p["problem"], job.prompts, prompt_style) for p in problems[spec.name]
             ]
             prompts[spec.name] = [pp for pp in rendered for _ in range(spec.n_samples)]
         flat = [pp for spec in group for pp in prompts[spec.name]]
@@ -298,7 +298,7 @@ def evaluate_benchmarks(
             offset += len(gens)
             share = sum(g.total_tokens for g in gens) / total_tokens if len(group) > 1 else 1.0
             records = _records(
-                gens, prompts[spec.name], problems[spec.name], spec, cfg, checkpoint, mode, tags, schema
+                gens, prompts[spec.name], problems[spec.name], spec, job, checkpoint, mode, tags, schema
             )
             out[spec.name] = (records, wall * share)
         if progress is not None:
@@ -311,20 +311,20 @@ def _records(
     prompts: Sequence[str],
     problems: Sequence[Mapping[str, Any]],
     spec: BenchmarkSpec,
-    cfg: EvalJobConfig,
+    job: EvalJob,
     checkpoint: str,
     mode: Mode,
     tags: TagIds | None,
     schema: str | None = None,
 ) -> list[dict[str, Any]]:
     """Grade one benchmark's generations into per-sample records."""
-    schema = schema or cfg.schema_name
+    schema = schema or job.schema
     golds = [list(p["answers"]) for p in problems for _ in range(spec.n_samples)]
     judgements = judge_many(
         [g.text for g in generations],
         golds,
         schema,
-        cfg.grading,
+        job.grading,
         purpose="evaluation",
         finish_reasons=[g.finish_reason for g in generations],
     )
@@ -352,7 +352,7 @@ def _records(
             "finish_reason": gen.finish_reason,
             # how the merges were decoded and what the policy was trained to see (never mixed unseen)
             "merge_mode": gen.merge_mode,
-            "merge_semantics": cfg.merge_semantics,
+            "merge_semantics": job.merge_semantics,
             **_structure(gen, tags, schema),
         }
         records.append(rec)
@@ -413,7 +413,7 @@ def measure_speedup(
     tokenizer: Any,
     tags: TagIds | None,
     problems: Sequence[Mapping[str, Any]],
-    cfg: EvalJobConfig,
+    job: EvalJob,
     prompt_style: str,
     progress: Task | None = None,
     *,
@@ -430,11 +430,11 @@ def measure_speedup(
     achieved / ideal. Returns the summary and both modes' generations (in prompt order, from the decodes
     that counted); ``progress`` advances by one per batch.
     """
-    ecfg: EvaluateConfig = cfg.evaluate
+    ecfg: EvaluateConfig = job.section
     if not problems:
         raise ValueError("no problems for the speedup decode (evaluate.speedup)")
     batch = ecfg.speedup.batch_size or ecfg.generation.batch_size
-    prompts = [render_prompt(tokenizer, p["problem"], cfg.prompts, prompt_style) for p in problems]
+    prompts = [render_prompt(tokenizer, p["problem"], job.prompts, prompt_style) for p in problems]
     walls = {"parallel": 0.0, "sequential": 0.0}
     gens: dict[str, list[Generation]] = {"parallel": [], "sequential": []}
     gen_cfgs = {
@@ -457,7 +457,7 @@ def measure_speedup(
         if progress is not None:
             progress.advance(1)
     tokens = {m: sum(g.total_tokens for g in gens[m]) for m in gens}
-    crit = [_structure(g, tags, schema or cfg.schema_name)["critical_path_tokens"] for g in gens["parallel"]]
+    crit = [_structure(g, tags, schema or job.schema)["critical_path_tokens"] for g in gens["parallel"]]
     par_tps = tokens_per_second(tokens["parallel"], walls["parallel"])
     seq_tps = tokens_per_second(tokens["sequential"], walls["sequential"])
     ideal = ideal_speedup([g.total_tokens for g in gens["parallel"]], crit) if sum(crit) else 1.0
@@ -486,13 +486,8 @@ def _times_speedup(ecfg: EvaluateConfig, ckpt: CheckpointSpec) -> bool:
     return ckpt.mode == "parallel" and ecfg.measure_speedup and ecfg.speedup.applies_to(ckpt.name)
 
 
-def _with_generation(cfg: EvalJobConfig, gen_cfg: GenerationConfig) -> EvalJobConfig:
-    """``cfg`` with ``evaluate.generation`` replaced (a served checkpoint's URL)."""
-    return cfg.model_copy(update={"evaluate": cfg.evaluate.model_copy(update={"generation": gen_cfg})})
-
-
 def check_served_context(
-    cfg: EvalJobConfig,
+    job: EvalJob,
     checkpoints: Sequence[CheckpointSpec],
     benchmarks: Sequence[BenchmarkSpec],
     problems: Mapping[str, Sequence[Mapping[str, Any]]],
@@ -501,13 +496,13 @@ def check_served_context(
     context length; returns the longest prompt's tokens."""
     from components.models.loading import load_tokenizer  # lazy: transformers
 
-    gen = cfg.evaluate.generation
+    gen = job.section.generation
     longest = 0
     for ckpt in checkpoints:
         tok = load_tokenizer(ckpt.path)
         for spec in benchmarks:
             for p in problems[spec.name]:
-                text = render_prompt(tok, p["problem"], cfg.prompts, ckpt.prompt_style)
+                text = render_prompt(tok, p["problem"], job.prompts, ckpt.prompt_style)
                 longest = max(longest, len(tok.encode(text, add_special_tokens=False)))
     check_context_length(context_length_for(gen), longest, gen.max_new_tokens, "evaluate", server_label(gen))
     return longest
@@ -554,7 +549,7 @@ def _keep_finished(
 
 
 def evaluate_checkpoints(
-    cfg: EvalJobConfig,
+    job: EvalJob,
     checkpoints: Sequence[CheckpointSpec],
     benchmarks: Sequence[BenchmarkSpec],
     problems_dir: Path | None,
@@ -567,7 +562,7 @@ def evaluate_checkpoints(
     writes its log); None keeps nothing. ``preloaded``: problems of benchmarks that are not registered
     names (a user's file, ``npr eval --benchmarks file.jsonl``), by benchmark name.
     """
-    ecfg: EvaluateConfig = cfg.evaluate
+    ecfg: EvaluateConfig = job.section
     if not checkpoints:
         raise ValueError("no checkpoints to evaluate")
     if not benchmarks:
@@ -582,19 +577,19 @@ def evaluate_checkpoints(
     result = EvalResult(
         metrics={
             "settings": {
-                "sampling": sampling_settings(ecfg, cfg.merge_semantics),
-                "merge": merge_settings(cfg.merge_semantics, ecfg.generation.merge_mode),
-                "prompt_hash": prompt_fingerprint(cfg.prompts)["prompt_hash"],
+                "sampling": sampling_settings(ecfg, job.merge_semantics),
+                "merge": merge_settings(job.merge_semantics, ecfg.generation.merge_mode),
+                "prompt_hash": prompt_fingerprint(job.prompts)["prompt_hash"],
                 "engine_version": engine_version(ecfg),
-                "grader_version": grader_version(cfg.grading),
-                "schema": cfg.schema_name,
+                "grader_version": grader_version(job.grading),
+                "schema": job.schema,
             },
             "checkpoints": {},
         }
     )
     served = ecfg.generation.served
     if served:
-        check_served_context(cfg, checkpoints, benchmarks, problems)
+        check_served_context(job, checkpoints, benchmarks, problems)
 
     groups = len(decode_groups(benchmarks, {s.name: len(problems[s.name]) for s in benchmarks},
                                ecfg.generation.batch_size))  # fmt: skip
@@ -605,14 +600,14 @@ def evaluate_checkpoints(
     with track("evaluate", total=sum(units.values()), unit="decode batches") as progress:
         for ckpt in checkpoints:
             _evaluate_one(
-                cfg, ckpt, benchmarks, problems, result, progress, work_dir, served, units[ckpt.name]
+                job, ckpt, benchmarks, problems, result, progress, work_dir, served, units[ckpt.name]
             )
     result.metrics["n_records"] = sum(len(r) for b in result.records.values() for r in b.values())
     return result
 
 
 def _evaluate_one(
-    cfg: EvalJobConfig,
+    job: EvalJob,
     ckpt: CheckpointSpec,
     benchmarks: Sequence[BenchmarkSpec],
     problems: Mapping[str, Sequence[Mapping[str, Any]]],
@@ -627,7 +622,7 @@ def _evaluate_one(
     counted done at once)."""
     from components.models.loading import load_model, load_tokenizer  # lazy: transformers
 
-    ecfg: EvaluateConfig = cfg.evaluate
+    ecfg: EvaluateConfig = job.section
     digest = checkpoint_hash(ckpt.path)
     kept = _load_finished(work_dir, ckpt, digest)
     if kept is not None:
@@ -644,12 +639,12 @@ def _evaluate_one(
         )
         with serving(ckpt.path, ecfg.generation, log_dir) as live:
             decoded, speedup = _decode_checkpoint(
-                _with_generation(cfg, live), ckpt, model, tokenizer, problems, benchmarks, result, progress
+                job.with_generation(live), ckpt, model, tokenizer, problems, benchmarks, result, progress
             )
     else:
-        model, tokenizer = load_model(ckpt.path, cfg.models, cfg.run)
+        model, tokenizer = load_model(ckpt.path, job.models, job.run)
         decoded, speedup = _decode_checkpoint(
-            cfg, ckpt, model, tokenizer, problems, benchmarks, result, progress
+            job, ckpt, model, tokenizer, problems, benchmarks, result, progress
         )
     benches: dict[str, dict[str, Any]] = {}
     result.records[ckpt.name] = {}
@@ -671,7 +666,7 @@ def _evaluate_one(
     result.metrics["checkpoints"][ckpt.name] = {
         "mode": ckpt.mode,
         "prompt_style": ckpt.prompt_style,
-        **({"schema": ckpt.schema} if ckpt.schema and ckpt.schema != cfg.schema_name else {}),
+        **({"schema": ckpt.schema} if ckpt.schema and ckpt.schema != job.schema else {}),
         **({"engine_settings": dict(ckpt.engine_settings)} if ckpt.engine_settings else {}),
         "path": str(ckpt.path),
         "checkpoint_hash": digest,
@@ -694,7 +689,7 @@ def _evaluate_one(
 
 
 def _decode_checkpoint(
-    cfg: EvalJobConfig,
+    job: EvalJob,
     ckpt: CheckpointSpec,
     model: Any,
     tokenizer: Any,
@@ -706,23 +701,23 @@ def _decode_checkpoint(
     """One checkpoint's decodes: in its own mode on every benchmark, and (parallel, ``measure_speedup``) the
     speedup decode, whose graded sequential samples go to ``result.sequential_records`` (benchmark
     ``speedup``) so a reader can see what the comparison decoded."""
-    schema = ckpt.schema or cfg.schema_name
+    schema = ckpt.schema or job.schema
     tags = _tags_for(tokenizer, schema, ckpt.mode)
-    args = (model, tokenizer, tags, problems, benchmarks, cfg, ckpt.name)
+    args = (model, tokenizer, tags, problems, benchmarks, job, ckpt.name)
     how = {"schema": schema, "engine_settings": ckpt.engine_settings}
     decoded = evaluate_benchmarks(*args, ckpt.mode, ckpt.prompt_style, progress, **how)
-    if not _times_speedup(cfg.evaluate, ckpt):
+    if not _times_speedup(job.section, ckpt):
         return decoded, None
 
-    chosen = speedup_problems(problems, benchmarks, cfg.evaluate)
+    chosen = speedup_problems(problems, benchmarks, job.section)
     if progress is not None:
         progress.update(f"evaluate {ckpt.name}: speedup decode of {len(chosen)} problems")
     summary, _, seq_gens = measure_speedup(
-        model, tokenizer, tags, chosen, cfg, ckpt.prompt_style, progress, **how
+        model, tokenizer, tags, chosen, job, ckpt.prompt_style, progress, **how
     )
-    prompts = [render_prompt(tokenizer, p["problem"], cfg.prompts, ckpt.prompt_style) for p in chosen]
+    prompts = [render_prompt(tokenizer, p["problem"], job.prompts, ckpt.prompt_style) for p in chosen]
     spec = BenchmarkSpec(name="speedup", n_samples=1, k=1)
-    seq_records = _records(seq_gens, prompts, chosen, spec, cfg, ckpt.name, "sequential", tags, schema)
+    seq_records = _records(seq_gens, prompts, chosen, spec, job, ckpt.name, "sequential", tags, schema)
     result.sequential_records.setdefault(ckpt.name, {})["speedup"] = seq_records
     summary["sequential_accuracy"] = sum(r["correct"] for r in seq_records) / len(seq_records)
     log.info(

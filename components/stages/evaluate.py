@@ -10,12 +10,14 @@ the plot rows go to ``plots/evaluate/`` (``dvc plots show``).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
 from components.config import PipelineConfig
 from components.dag import StageIO
-from components.evaluation.outputs import EvalOutputs, evaluate_into
+from components.evaluation.job import EvalOutputs, EvalPaths, eval_job
+from components.evaluation.outputs import evaluate_into
 from components.evaluation.plots import ACCURACY_PNG, SPEEDUP_PNG
 from components.evaluation.recipe import Recipe, recipe_summary
 from components.evaluation.report import publish_wandb, read_scale_note
@@ -31,24 +33,28 @@ WRITES_PLOTS = True
 
 
 def stage_outputs(io: StageIO) -> EvalOutputs:
-    if io.plots is None:
-        raise ValueError("stage evaluate declares no plots/evaluate output in dvc.yaml")
-    return EvalOutputs(records_dir=io.output("records"), report_dir=io.output("report"), plots_dir=io.plots)
+    """The stage's records, report and plots directories (dvc.yaml's outs and plots)."""
+    return EvalPaths.of(io, []).outputs
 
 
 def run(cfg: PipelineConfig, io: StageIO) -> dict[str, Any]:
-    ecfg = cfg.evaluate
+    # the evaluate section, the shared settings it reads and each checkpoint's decoding, resolved once; its
+    # paths are added after the seed spread is read (below)
+    job = eval_job(cfg)
+    ecfg = job.section
     # The compute precision the run's training resolved to (run.autocast; the pipeline's stages run on one
     # machine, and each stage's record keeps its own in provenance.precision): the report says it, and the
     # committed seed spread compared with is the one of that precision.
-    precision = run_precision(cfg.run).as_dict(cfg.run.dtype)
+    precision = run_precision(job.run).as_dict(job.run.dtype)
     # the committed seed spread (evaluate.seed_spread; its directory a dep in dvc.yaml), read first: a
     # malformed file fails the stage before the decode, not after it
     spread_file = spread_path(ecfg.seed_spread, precision["compute_dtype"])
     seed_spread = read_committed_spread(spread_file)
     scale_note = read_scale_note(ecfg.scale_note)
-    checkpoints = [checkpoint_spec(cfg, name, io.input(f"{name}/model")) for name in ecfg.checkpoints]
-    out = stage_outputs(io)
+    paths = EvalPaths.of(io, list(job.decoding))  # each checkpoint's <stage>/model, the outs, the work dir
+    job = dataclasses.replace(job, paths=paths)
+    checkpoints = [checkpoint_spec(job, name, path) for name, path in paths.models.items()]
+    out = paths.outputs
 
     def annotate(result: EvalResult) -> None:
         bench = ecfg.recipe_benchmark_name()
@@ -73,18 +79,20 @@ def run(cfg: PipelineConfig, io: StageIO) -> dict[str, Any]:
 
     # flows/pipeline.py publishes report.md as a Prefect artifact after the stage; nothing to do here.
     result = evaluate_into(
-        cfg,
+        job,
         checkpoints,
         ecfg.benchmarks,
         out,
         f"Evaluation of profile `{cfg.profile}`",
-        problems_dir=io.input("sample_orz/problems"),
+        problems_dir=paths.problems,
         # the stage's work dir (artifacts/evaluate/work, stamped by run_stage) keeps finished checkpoints
-        work_dir=out.report_dir.parent / "work",
+        work_dir=paths.work_dir,
         annotate=annotate,
     )
     # W&B run id kept in the stage's work dir (artifacts/evaluate/work, not a DVC out) so reruns resume it.
+    # publish_wandb opens the stage's run with the whole config (TrackedConfig): what W&B records, not what
+    # the evaluation computes, so it keeps cfg.
     images = {"accuracy": out.report_dir / ACCURACY_PNG, "speedup": out.report_dir / SPEEDUP_PNG}
-    publish_wandb(cfg, "evaluate", out.report_dir.parent / "work", result.metrics, images)
+    publish_wandb(cfg, "evaluate", paths.work_dir, result.metrics, images)
     log.info("report: %s", out.report)
     return result.metrics

@@ -267,6 +267,7 @@ def test_served_evaluation_starts_a_server_per_checkpoint_and_keeps_finished_one
     import yaml
 
     from components.engine.backends.sglang_client import SGLangError
+    from components.evaluation.job import eval_job
     from components.evaluation.runner import CheckpointSpec, evaluate_checkpoints
 
     spec = tmp_path / "server.yaml"
@@ -281,6 +282,7 @@ def test_served_evaluation_starts_a_server_per_checkpoint_and_keeps_finished_one
         update={"backend": "sglang", "merge_mode": "reprefill", "server_spec": str(spec)}
     )
     cfg = cfg.model_copy(update={"evaluate": cfg.evaluate.model_copy(update={"generation": served})})
+    job = eval_job(cfg)
     io, root = world["io"], world["root"]
     ckpts = [
         CheckpointSpec("seed", io.input("seed/model"), "sequential"),
@@ -292,11 +294,11 @@ def test_served_evaluation_starts_a_server_per_checkpoint_and_keeps_finished_one
     # each server counts its own requests: seed's 6 pass, papo_rl's 7th (its speedup decode) fails
     monkeypatch.setenv("SGLANG_STANDIN_FAULT", f"http500@{N_PROBLEMS * N_SAMPLES + 1}")
     with pytest.raises(SGLangError, match="HTTP 500"):
-        evaluate_checkpoints(cfg, ckpts, cfg.evaluate.benchmarks, root / "sample_orz" / "problems", work)
+        evaluate_checkpoints(job, ckpts, cfg.evaluate.benchmarks, root / "sample_orz" / "problems", work)
     assert (work / "checkpoints" / "seed" / "metrics.json").is_file()
     assert not (work / "checkpoints" / "papo_rl").exists()
     monkeypatch.delenv("SGLANG_STANDIN_FAULT")
-    result = evaluate_checkpoints(cfg, ckpts, cfg.evaluate.benchmarks, root / "sample_orz" / "problems", work)
+    result = evaluate_checkpoints(job, ckpts, cfg.evaluate.benchmarks, root / "sample_orz" / "problems", work)
     assert len(list((work / "server-logs").glob("*.log"))) == 3  # seed once, papo_rl twice; none reused
     assert set(result.metrics["checkpoints"]) == {"seed", "papo_rl"}
     bench = result.metrics["checkpoints"]["papo_rl"]["benchmarks"]["tiny_test"]

@@ -11,6 +11,7 @@ from components.config import load_config
 from components.data.synthetic import generate_problems
 from components.evaluation import runner
 from components.evaluation.config import BenchmarkSpec
+from components.evaluation.job import eval_job
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -57,7 +58,7 @@ def test_grouped_benchmarks_decode_once_and_split_the_wall_by_tokens(monkeypatch
 
         monkeypatch.setattr(runner, "_decode", counting)
         out = runner.evaluate_benchmarks(
-            model, tokenizer, None, problems, specs, cfg, "seed", "sequential", "parallel"
+            model, tokenizer, None, problems, specs, eval_job(cfg, ["seed"]), "seed", "sequential", "parallel"
         )
     finally:
         os.chdir(cwd)
@@ -119,7 +120,7 @@ def test_the_speedup_decode_counts_each_modes_fastest_repeat_of_each_batch(monke
         monkeypatch.setattr(runner, "_decode", fake_decode)
         critical = {"critical_path_tokens": tokens["parallel"] // 2}
         monkeypatch.setattr(runner, "_structure", lambda g, tags, schema: critical)
-        summary, par, seq = runner.measure_speedup(None, tokenizer, None, problems, cfg, "parallel")
+        summary, par, seq = runner.measure_speedup(None, tokenizer, None, problems, eval_job(cfg), "parallel")
     finally:
         os.chdir(cwd)
     # round r of batch i puts parallel first when i + r is even
