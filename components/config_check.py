@@ -144,13 +144,13 @@ def _generating_stages(cfg: PipelineConfig) -> list[Sampling]:
 
 
 def check_context_length(cfg: PipelineConfig) -> list[Check]:
-    shape = memory.model_shape(cfg)
+    shape = memory.model_shape(cfg.models)
     rl = cfg.sections(RLStageConfig)
     decoders = cfg.sections(DECODE_KINDS)
     rows = []
     for sampling in _generating_stages(cfg):
         stage, max_new, key = sampling.stage, sampling.max_new_tokens, sampling.key
-        prompt = memory.prompt_bound(cfg, rl.get(sampling.prompt_section))
+        prompt = memory.prompt_bound(memory.plan_context(cfg), rl.get(sampling.prompt_section))
         bound_key = f"{sampling.prompt_section}.verl.max_prompt_length"
         need = prompt + max_new
         problems = []
@@ -329,7 +329,7 @@ def check_checkpoint_disk(cfg: PipelineConfig) -> list[Check]:
     """The checkpoints a verl stage keeps (``verl.keep_checkpoints``, verl's ``max_actor_ckpt_to_keep``;
     verl's own default keeps every one) plus its merged output fit the node's declared disk
     (``orchestration.gpu.disk_gib``)."""
-    shape = memory.model_shape(cfg)
+    shape = memory.model_shape(cfg.models)
     disk = cfg.orchestration.gpu.disk_gib * 2**30
     rows = []
     for stage, sc in cfg.sections(RLStageConfig).items():

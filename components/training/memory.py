@@ -87,6 +87,31 @@ class PlanConfig(Protocol):
     def sections(self, kind: type[SectionT]) -> dict[str, SectionT]: ...
 
 
+@dataclass(frozen=True)
+class PlanContext:
+    """What every stage's plan shares, read off the profile once (``plan_context``): the stage functions below
+    take it with their own section, never the whole config."""
+
+    dtype: str  # run.dtype: the compute dtype of local work
+    device: str  # run.device: ``cuda``/``auto`` plan local work on the GPU, ``cpu`` holds no device memory
+    models: ModelsConfig  # the model's shape (``model_shape``) and whether the seed trains one (tiny)
+    merge_semantics: MergeSemantics  # a reread layout's extra tokens in parallel rows
+    gpu: GpuSpec  # the GPU planned against: orchestration.gpu, or the one a stage got / --gpu asked for
+    default_prompt_bound: int  # NPR-Zero's verl.max_prompt_length: distill and evaluate prompt the same way
+
+
+def plan_context(cfg: PlanConfig, gpu: GpuSpec | None = None) -> PlanContext:
+    """``cfg``'s shared planning settings, against ``gpu`` (default ``orchestration.gpu``)."""
+    return PlanContext(
+        dtype=cfg.run.dtype,
+        device=cfg.run.device,
+        models=cfg.models,
+        merge_semantics=cfg.merge_semantics,
+        gpu=gpu or cfg.orchestration.gpu,
+        default_prompt_bound=cfg.npr_zero.verl.max_prompt_length,
+    )
+
+
 # A stage's plan follows its section's type (components.config's stage table), not a list of names: the
 # section is looked up once (``cfg.section``) and dispatched on.
 def _uses_verl(section: BaseModel | None) -> bool:
@@ -165,20 +190,20 @@ class ModelShape:
         )
 
 
-def model_shape(cfg: PlanConfig, model_dir: str | Path | None = None) -> ModelShape:
+def model_shape(models: ModelsConfig, model_dir: str | Path | None = None) -> ModelShape:
     """The shape of the model a stage loads: ``model_dir``'s config.json when it exists, else the profile's
     ``models.architecture`` (a hub model) or ``models.tiny`` (vocabulary at its upper bound, padded)."""
     if model_dir is not None and (Path(model_dir) / "config.json").exists():
         return ModelShape.from_hf_config(json.loads((Path(model_dir) / "config.json").read_text()))
-    arch = cfg.models.architecture
+    arch = models.architecture
     if arch is not None:
         return ModelShape.from_hf_config(arch.model_dump())
-    tiny = cfg.models.tiny
+    tiny = models.tiny
     if tiny is None:
         raise MemoryPlanError(
-            f"no model shape for {cfg.models.base_model!r}: set models.architecture (its config.json numbers)"
+            f"no model shape for {models.base_model!r}: set models.architecture (its config.json numbers)"
         )
-    multiple = cfg.models.pad_embeddings_to_multiple_of
+    multiple = models.pad_embeddings_to_multiple_of
     return ModelShape(
         hidden=tiny.hidden_size,
         intermediate=tiny.intermediate_size,
@@ -308,15 +333,16 @@ def capacity_bytes(gpu: GpuSpec) -> int:
     return int((gpu.memory_gib - gpu.reserved_gib) * GIB)
 
 
-def compute_dtype_bytes(cfg: PlanConfig) -> int:
-    return DTYPE_BYTES[cfg.run.dtype]
+def compute_dtype_bytes(ctx: PlanContext) -> int:
+    return DTYPE_BYTES[ctx.dtype]
 
 
-def prompt_bound(cfg: PlanConfig, section: BaseModel | None = None) -> int:
+def prompt_bound(ctx: PlanContext, section: BaseModel | None = None) -> int:
     """Tokens a prompt of a stage may have: an RL stage's own ``verl.max_prompt_length`` (verl refuses
     longer ones), else NPR-Zero's (distillation and evaluation prompt the same way)."""
-    section = section if isinstance(section, RLStageConfig) else cfg.npr_zero
-    return section.verl.max_prompt_length
+    if isinstance(section, RLStageConfig):
+        return section.verl.max_prompt_length
+    return ctx.default_prompt_bound
 
 
 def training_state_terms(shape: ModelShape, dtype_bytes: int, shards: int = 1) -> list[Term]:
@@ -374,8 +400,8 @@ def reread_tokens(
     return response_tokens if parallel and merge == "reread" else 0
 
 
-def _sft_plan(stage: str, sc: SeedConfig | SFTStageConfig, cfg: PlanConfig, shape: ModelShape) -> PhasePlan:
-    w = compute_dtype_bytes(cfg)
+def _sft_plan(stage: str, sc: SeedConfig | SFTStageConfig, ctx: PlanContext, shape: ModelShape) -> PhasePlan:
+    w = compute_dtype_bytes(ctx)
     if isinstance(sc, SeedConfig):
         nproc, rows, seq_len = 1, math.ceil(sc.batch_size / max(1, sc.length_splits)), sc.max_length
         checkpointing, masked = False, sc.batch_size > 1
@@ -383,7 +409,7 @@ def _sft_plan(stage: str, sc: SeedConfig | SFTStageConfig, cfg: PlanConfig, shap
         nproc = sc.nproc_per_node
         per_rank = max(1, sc.batch_size // nproc)
         rows, seq_len = math.ceil(per_rank / sc.length_splits), sc.max_length
-        seq_len += reread_tokens(cfg.merge_semantics, sc, sc.max_length)
+        seq_len += reread_tokens(ctx.merge_semantics, sc, sc.max_length)
         checkpointing, masked = sc.gradient_checkpointing, sc.mode == "parallel" or rows > 1
     terms = training_state_terms(shape, w, nproc)
     terms = [Term(t.name, t.bytes, f"{stage}.{t.setting}" if stage != "seed" else "") for t in terms]
@@ -397,9 +423,9 @@ def _sft_plan(stage: str, sc: SeedConfig | SFTStageConfig, cfg: PlanConfig, shap
     )
 
 
-def _local_rl_plans(stage: str, sc: RLStageConfig, cfg: PlanConfig, shape: ModelShape) -> list[PhasePlan]:
-    w = compute_dtype_bytes(cfg)
-    prompt = prompt_bound(cfg, sc)
+def _local_rl_plans(stage: str, sc: RLStageConfig, ctx: PlanContext, shape: ModelShape) -> list[PhasePlan]:
+    w = compute_dtype_bytes(ctx)
+    prompt = prompt_bound(ctx, sc)
     state = training_state_terms(shape, w)
     gen_rows = (sc.gen_batch_prompts or sc.prompts_per_step) * sc.group_size
     rollout = PhasePlan(
@@ -414,7 +440,7 @@ def _local_rl_plans(stage: str, sc: RLStageConfig, cfg: PlanConfig, shape: Model
     rows = min(sc.micro_batch_size or mini, mini)
     fwd = ForwardShape(
         rows=rows,
-        seq_len=response + prompt + reread_tokens(cfg.merge_semantics, sc, response),
+        seq_len=response + prompt + reread_tokens(ctx.merge_semantics, sc, response),
         masked=True,
         scored=rows * (sc.max_new_tokens + 1),
     )
@@ -480,14 +506,12 @@ def _verl_batch_fix(stage: str, v: VerlSettings, seq: int) -> str:
     return f"lower {stage}.max_new_tokens (the responses trained on; {knob}.micro_batch_size_per_gpu is at 1)"
 
 
-def _verl_plans(
-    stage: str, sc: RLStageConfig, cfg: PlanConfig, shape: ModelShape, gpu: GpuSpec
-) -> list[PhasePlan]:
-    v = sc.verl
+def _verl_plans(stage: str, sc: RLStageConfig, ctx: PlanContext, shape: ModelShape) -> list[PhasePlan]:
+    v, gpu = sc.verl, ctx.gpu
     n = v.nnodes * v.n_gpus_per_node
     p = shape.params
     # the NPR actor under reread runs on laid-out rows: up to one response longer than verl packed them
-    seq = v.max_prompt_length + sc.max_new_tokens + reread_tokens(cfg.merge_semantics, sc, sc.max_new_tokens)
+    seq = v.max_prompt_length + sc.max_new_tokens + reread_tokens(ctx.merge_semantics, sc, sc.max_new_tokens)
     knob = f"{stage}.verl"
     # actor update (FSDP over every GPU): verl's train-mode switch loads what is offloaded for the whole
     # update, so every part of the fp32 state is resident then (``verl_update_resident``)
@@ -561,12 +585,10 @@ def sglang_spec(generation: GenerationConfig) -> dict[str, Any]:
     return yaml.safe_load(path.read_text()) if path.exists() else {}
 
 
-def _decode_plans(
-    stage: str, section: DecodeStageConfig, cfg: PlanConfig, shape: ModelShape, gpu: GpuSpec
-) -> list[PhasePlan]:
-    gen = section.generation
-    w = compute_dtype_bytes(cfg)
-    prompt = prompt_bound(cfg)
+def _decode_plans(stage: str, section: DecodeStageConfig, ctx: PlanContext, shape: ModelShape) -> list[PhasePlan]:
+    gen, gpu = section.generation, ctx.gpu
+    w = compute_dtype_bytes(ctx)
+    prompt = prompt_bound(ctx)
     knob = f"{stage}.generation"
     if gen.backend == "sglang":
         # the stage's server_args override the spec's keys (components.engine.serving), the plan's too
@@ -609,24 +631,25 @@ def _decode_plans(
 def plan_stage(
     stage: str, cfg: PlanConfig, model_dir: str | Path | None = None, gpu: GpuSpec | None = None
 ) -> list[PhasePlan]:
-    """The memory plan of ``stage`` (empty when the stage uses no GPU: data stages, or a CPU profile's)."""
-    gpu = gpu or cfg.orchestration.gpu
-    shape = model_shape(cfg, model_dir)
+    """The memory plan of ``stage`` (empty when the stage uses no GPU: data stages, or a CPU profile's): its
+    section and the profile's shared settings (``plan_context``, against ``gpu`` when given) read once."""
+    ctx = plan_context(cfg, gpu)
+    shape = model_shape(ctx.models, model_dir)
     section = cfg.section(stage)
     if isinstance(section, SeedConfig):
-        trains = cfg.models.base_model == "tiny" and section.enabled and section.steps > 0
-        return [_sft_plan(stage, section, cfg, shape)] if trains and uses_gpu(cfg) else []
+        trains = ctx.models.base_model == "tiny" and section.enabled and section.steps > 0
+        return [_sft_plan(stage, section, ctx, shape)] if trains and uses_gpu(ctx) else []
     if isinstance(section, SFTStageConfig):
-        return [_sft_plan(stage, section, cfg, shape)] if uses_gpu(cfg) else []
+        return [_sft_plan(stage, section, ctx, shape)] if uses_gpu(ctx) else []
     if isinstance(section, RLStageConfig):
         if section.backend == "verl":
             # verl on the CPU platform (tiny) holds no device memory to plan
-            return [] if section.verl.device == "cpu" else _verl_plans(stage, section, cfg, shape, gpu)
-        return _local_rl_plans(stage, section, cfg, shape) if uses_gpu(cfg) else []
+            return [] if section.verl.device == "cpu" else _verl_plans(stage, section, ctx, shape)
+        return _local_rl_plans(stage, section, ctx, shape) if uses_gpu(ctx) else []
     if isinstance(section, DecodeStageConfig):
         gen = section.generation
-        use = gen.backend == "sglang" or uses_gpu(cfg)
-        return _decode_plans(stage, section, cfg, shape, gpu) if use else []
+        use = gen.backend == "sglang" or uses_gpu(ctx)
+        return _decode_plans(stage, section, ctx, shape) if use else []
     return []
 
 
@@ -643,9 +666,9 @@ def gpus_for(stage: str, cfg: PlanConfig) -> int:
     return max((p.gpus for p in plans), default=0)
 
 
-def uses_gpu(cfg: PlanConfig) -> bool:
+def uses_gpu(ctx: PlanContext) -> bool:
     """Whether the profile's local torch work runs on CUDA (``run.device``; ``auto`` counts as CUDA)."""
-    return cfg.run.device in ("cuda", "auto")
+    return ctx.device in ("cuda", "auto")
 
 
 # The share of a GPU's usable memory (total minus ``reserved_gib``) a profile's plan leaves free before
@@ -787,7 +810,7 @@ def check_before_run(
     cluster's or a server's elsewhere, is planned against the declared ``orchestration.gpu``."""
     section = cfg.section(stage)
     external = _uses_verl(section) or _serves_with_sglang(section)
-    if not external and not uses_gpu(cfg):
+    if not external and not uses_gpu(plan_context(cfg)):
         return  # CPU work: no device memory to plan (the tiny profile)
     if not plan_stage(stage, cfg):
         return  # a stage with no GPU work (a data stage, a hub seed, verl on the CPU platform)

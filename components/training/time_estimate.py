@@ -35,7 +35,7 @@ from components.ops.config import GpuSpec
 from components.ops.gpus import GpuKind, TimeModel
 from components.training import memory
 from components.training.config import PR1ColdStartConfig, RLStageConfig, SFTStageConfig
-from components.training.memory import ModelShape, PlanConfig, SectionT
+from components.training.memory import ModelShape, PlanConfig, PlanContext, SectionT
 
 HOUR = 3600.0
 
@@ -119,13 +119,13 @@ def _pool_tokens(shape: ModelShape, gpu: GpuSpec, fraction: float, tp_size: int)
 
 
 def _rl_estimate(
-    stage: str, sc: RLStageConfig, cfg: PlanConfig, shape: ModelShape, gpu: GpuSpec, tp: Throughput
+    stage: str, sc: RLStageConfig, ctx: PlanContext, shape: ModelShape, tp: Throughput
 ) -> tuple[float, str]:
-    v = sc.verl
+    v, gpu = sc.verl, ctx.gpu
     gpus, prompt, new = v.nnodes * v.n_gpus_per_node, v.max_prompt_length, sc.max_new_tokens
     pool = _pool_tokens(shape, gpu, v.gpu_memory_utilization, v.rollout_tp)
     rollouts = sc.prompts_per_step * sc.group_size
-    seq = prompt + new + memory.reread_tokens(cfg.merge_semantics, sc, new)
+    seq = prompt + new + memory.reread_tokens(ctx.merge_semantics, sc, new)
     step = decode_seconds(shape, rollouts, prompt, new, gpus, v.rollout_tp, pool, None, tp)
     step += forward_seconds(shape, rollouts * seq, seq, gpus, tp)
     step += training_seconds(shape, rollouts * seq, seq, gpus, v.gradient_checkpointing, tp)
@@ -149,23 +149,34 @@ def _distilled_problems(cfg: PlanConfig) -> int:
     return _only(cfg, DistillConfig).n_problems or _only(cfg, SampleOrzConfig).n
 
 
-def _sft_rows(stage: str, sc: SFTStageConfig, cfg: PlanConfig, model: TimeModel) -> int | None:
-    """Rows an SFT stage trains on: Parallel-R1's cold start its data set's (``data.n``, else the time
-    model's count); the warmups reject_filter's accepted trajectories, at most ``max_accepted_per_problem``
+def _accepted_rows(cfg: PlanConfig) -> int:
+    """Trajectories the warmups train on: reject_filter's accepted ones, at most ``max_accepted_per_problem``
     of each distilled problem (and ``distill.target_accepted`` when set)."""
-    if isinstance(sc, PR1ColdStartConfig):
-        return sc.data.n or model.data_rows.get(stage)
     accepted = _distilled_problems(cfg) * _only(cfg, RejectFilterConfig).max_accepted_per_problem
     return min(accepted, _only(cfg, DistillConfig).target_accepted or accepted)
 
 
+def _sft_rows(stage: str, sc: SFTStageConfig, accepted_rows: int, model: TimeModel) -> int | None:
+    """Rows an SFT stage trains on: Parallel-R1's cold start its data set's (``data.n``, else the time
+    model's count); the warmups ``accepted_rows`` (``_accepted_rows``)."""
+    if isinstance(sc, PR1ColdStartConfig):
+        return sc.data.n or model.data_rows.get(stage)
+    return accepted_rows
+
+
 def _sft_estimate(
-    stage: str, sc: SFTStageConfig, cfg: PlanConfig, shape: ModelShape, model: TimeModel, tp: Throughput
+    stage: str,
+    sc: SFTStageConfig,
+    ctx: PlanContext,
+    shape: ModelShape,
+    accepted_rows: int,
+    model: TimeModel,
+    tp: Throughput,
 ) -> tuple[float | None, str]:
-    rows = _sft_rows(stage, sc, cfg, model)
+    rows = _sft_rows(stage, sc, accepted_rows, model)
     if rows is None:
         return None, f"no row count for {stage} (time_model.data_rows in infra/gpus.yaml)"
-    seq = sc.max_length + memory.reread_tokens(cfg.merge_semantics, sc, sc.max_length)
+    seq = sc.max_length + memory.reread_tokens(ctx.merge_semantics, sc, sc.max_length)
     passes = rows * sc.epochs
     if sc.max_steps is not None:
         passes = min(passes, sc.max_steps * sc.batch_size * sc.grad_accum)
@@ -191,9 +202,9 @@ def _server(section: DecodeStageConfig) -> tuple[int, int, float]:
 def _decode_estimate(
     stage: str,
     section: DecodeStageConfig,
-    cfg: PlanConfig,
+    ctx: PlanContext,
     shape: ModelShape,
-    gpu: GpuSpec,
+    distilled_problems: int,
     model: TimeModel,
     tp: Throughput,
 ) -> tuple[float | None, str]:
@@ -201,8 +212,8 @@ def _decode_estimate(
     if gen.backend != "sglang":
         return None, "torch engine: not modelled"
     tp_size, dp, fraction = _server(section)
-    pool = _pool_tokens(shape, gpu, fraction, tp_size)
-    prompt = memory.prompt_bound(cfg)
+    pool = _pool_tokens(shape, ctx.gpu, fraction, tp_size)
+    prompt = memory.prompt_bound(ctx)
     if not isinstance(section, DistillConfig):
         # evaluate: each checkpoint decodes every benchmark (its section type is evaluation's, a floor
         # above this one, so it is read by its fields)
@@ -217,7 +228,7 @@ def _decode_estimate(
         sequences = per * len(checkpoints)
         basis = f"{len(checkpoints)} checkpoints x {per} samples of {prompt} + {gen.max_new_tokens}"
     else:
-        problems = _distilled_problems(cfg)
+        problems = distilled_problems
         sequences = problems * section.k
         basis = f"{problems} problems x {section.k} samples of {prompt} + {gen.max_new_tokens}"
     seconds = decode_seconds(
@@ -229,18 +240,20 @@ def _decode_estimate(
 def estimate_stage(
     stage: str, cfg: PlanConfig, gpu: GpuSpec, kind: GpuKind, model: TimeModel
 ) -> StageEstimate | None:
-    """The estimated wall time of ``stage`` on GPUs of ``kind`` (None: the stage uses no GPU)."""
+    """The estimated wall time of ``stage`` on GPUs of ``kind`` (None: the stage uses no GPU): its section,
+    the profile's shared planning settings and the recipe's row counts read once, handed to the estimate."""
     if not memory.plan_stage(stage, cfg, gpu=gpu):
         return None
-    shape = memory.model_shape(cfg)
+    ctx = memory.plan_context(cfg, gpu)
+    shape = memory.model_shape(ctx.models)
     tp = Throughput.of(kind, model)
     section: BaseModel | None = cfg.section(stage)
     if isinstance(section, RLStageConfig) and section.backend == "verl":
-        seconds, basis = _rl_estimate(stage, section, cfg, shape, gpu, tp)
+        seconds, basis = _rl_estimate(stage, section, ctx, shape, tp)
     elif isinstance(section, SFTStageConfig):
-        seconds, basis = _sft_estimate(stage, section, cfg, shape, model, tp)
+        seconds, basis = _sft_estimate(stage, section, ctx, shape, _accepted_rows(cfg), model, tp)
     elif isinstance(section, DecodeStageConfig):
-        seconds, basis = _decode_estimate(stage, section, cfg, shape, gpu, model, tp)
+        seconds, basis = _decode_estimate(stage, section, ctx, shape, _distilled_problems(cfg), model, tp)
     else:
         seconds, basis = None, "not modelled"
     return StageEstimate(stage, seconds if seconds is not None else math.nan, basis)

@@ -21,7 +21,7 @@ torch.set_num_threads(1)
 
 def _tiny_model(dtype=torch.float32, layers=None) -> tuple[Qwen3ForCausalLM, ModelShape]:
     cfg = load_config(profile="tiny")
-    shape = memory.model_shape(cfg)
+    shape = memory.model_shape(cfg.models)
     config = Qwen3Config(
         hidden_size=shape.hidden,
         intermediate_size=shape.intermediate,
@@ -50,7 +50,7 @@ def test_shape_counts_the_parameters_and_kv_bytes_of_a_real_model():
 
 
 def test_the_qwen3_4b_profile_plans_with_the_published_shape():
-    shape = memory.model_shape(load_config(profile="qwen3-4b"))
+    shape = memory.model_shape(load_config(profile="qwen3-4b").models)
     assert shape.params == 4_022_468_096  # Qwen3-4B: 4.0B parameters, 3.6B of them outside the embeddings
     assert shape.params - shape.embedding_params - shape.hidden == 3_633_509_376
     # 144 KiB of bf16 KV per token: a 32k-token sequence holds 4.4 GiB (the issue's ~4.5 GiB)
@@ -62,7 +62,7 @@ def test_a_model_directory_config_wins_over_the_declared_shape(tmp_path):
     model, shape = _tiny_model(layers=2)
     model.config.save_pretrained(tmp_path)
     cfg = load_config(profile="qwen3-4b")
-    assert memory.model_shape(cfg, tmp_path) == shape
+    assert memory.model_shape(cfg.models, tmp_path) == shape
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

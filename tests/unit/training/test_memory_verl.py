@@ -81,7 +81,7 @@ def test_the_papo_update_plans_the_fp32_state_verl_loads_and_the_rollout_only_wh
     cfg = load_config(profile="qwen3-4b")
     assert cfg.papo_rl.verl.param_offload and cfg.papo_rl.verl.optimizer_offload
     update, rollout = memory.plan_stage("papo_rl", cfg)
-    p = memory.model_shape(cfg).params
+    p = memory.model_shape(cfg.models).params
     names = {t.name: t.bytes for t in update.terms}
     assert names["sharded fp32 weights"] == 4 * p // 8  # 1.9 GiB a GPU: the under-count
     assert names["sharded fp32 gradients"] == 4 * p // 8
