@@ -123,9 +123,6 @@ class EvalJob:
     schema: str  # the pipeline's schema (a checkpoint's own is in ``decoding``)
     merge_semantics: MergeSemantics  # what the checkpoints were trained to see, pinned beside the decode's
     decoding: Mapping[str, CheckpointDecode]  # per checkpoint name the job evaluates
-    # the stage's inputs and outputs; None: an evaluation outside the stage (``npr eval``, the nightly, which
-    # write into a folder) and the runner, which is handed its paths
-    paths: EvalPaths | None = None
 
     def decode_of(self, checkpoint: str) -> CheckpointDecode:
         """How ``checkpoint`` is decoded; the job knows only the checkpoints it was built for."""
@@ -140,12 +137,10 @@ class EvalJob:
         return dataclasses.replace(self, section=self.section.model_copy(update={"generation": generation}))
 
 
-def eval_job(
-    cfg: EvalJobConfig, checkpoints: Sequence[str] | None = None, paths: EvalPaths | None = None
-) -> EvalJob:
+def eval_job(cfg: EvalJobConfig, checkpoints: Sequence[str] | None = None) -> EvalJob:
     """The evaluation's job: the ``evaluate`` section and the shared settings it reads, once, with each
     checkpoint's decoding resolved (``checkpoints``: default the section's; ``npr eval`` and the nightly
-    name the one they evaluate); ``paths``: the stage's."""
+    name the one they evaluate). Where it reads and writes is the caller's (the stage's ``EvalPaths``)."""
     names = cfg.evaluate.checkpoints if checkpoints is None else checkpoints
     decoding = {
         name: CheckpointDecode(
@@ -165,5 +160,4 @@ def eval_job(
         schema=cfg.schema_name,
         merge_semantics=cfg.merge_semantics,
         decoding=decoding,
-        paths=paths,
     )

@@ -10,7 +10,6 @@ the plot rows go to ``plots/evaluate/`` (``dvc plots show``).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from typing import Any
 
@@ -39,7 +38,7 @@ def stage_outputs(io: StageIO) -> EvalOutputs:
 
 def run(cfg: PipelineConfig, io: StageIO) -> dict[str, Any]:
     # the evaluate section, the shared settings it reads and each checkpoint's decoding, resolved once; its
-    # paths are added after the seed spread is read (below)
+    # paths are resolved after the seed spread is read (below)
     job = eval_job(cfg)
     ecfg = job.section
     # The compute precision the run's training resolved to (run.autocast; the pipeline's stages run on one
@@ -52,7 +51,6 @@ def run(cfg: PipelineConfig, io: StageIO) -> dict[str, Any]:
     seed_spread = read_committed_spread(spread_file)
     scale_note = read_scale_note(ecfg.scale_note)
     paths = EvalPaths.of(io, list(job.decoding))  # each checkpoint's <stage>/model, the outs, the work dir
-    job = dataclasses.replace(job, paths=paths)
     checkpoints = [checkpoint_spec(job, name, path) for name, path in paths.models.items()]
     out = paths.outputs
 
